@@ -1,0 +1,39 @@
+# agent-wrap. `make test` runs every test; `make demo` builds and runs a real job.
+SHELL := /bin/bash
+GO ?= go
+PKG := github.com/agent-wrap/agent-wrap
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X $(PKG)/cli.version=$(VERSION) -X $(PKG)/cli.commit=$(COMMIT)
+BIN := bin/agent-wrap
+
+export CGO_ENABLED := 0
+
+.PHONY: build test lint demo bench dist clean
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent-wrap
+
+# Every test: unit, process-tree, CLI scripts and the end-to-end SSH tests.
+test: build
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 15m ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+# Build, then run a real job: a shell with a background child, streamed back,
+# then its record and verdict.
+demo: build
+	@root=$$(mktemp -d); trap 'rm -rf "$$root"' EXIT; \
+	id=demo-$$$$; \
+	echo "+ $(BIN) --root $$root $$id -- sh -c 'echo hello from \$$\$$; sleep 1 & echo child started; wait; echo done'"; \
+	$(BIN) --root "$$root" $$id -- sh -c 'echo hello from $$$$; sleep 1 & echo child started; wait; echo done'; \
+	echo "exit: $$?"; \
+	$(BIN) --root "$$root" status $$id; \
+	$(BIN) --root "$$root" verify $$id
+
+clean:
+	rm -rf bin dist

@@ -1,0 +1,199 @@
+// Package cli is agent-wrap's command line: it parses arguments, dispatches to
+// one command and turns every outcome into an exit code. Nothing in it calls
+// os.Exit; main does, once, with what Run returns, so deferred group stops and
+// final records always run.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+// Exit codes shared by every command (see CONTRACT.md). A run's own outcome
+// (the job's code, 128+N, 124, 143, ...) is returned as is.
+const (
+	ExitOK         = 0
+	ExitFailure    = 1
+	ExitRunning    = 3  // reconcile: some run is still running
+	ExitUnknown    = 4  // reconcile: some outcome is unknown
+	ExitUsage      = 64 // EX_USAGE
+	ExitNoRun      = 66 // EX_NOINPUT: no such run
+	ExitSoftware   = 70 // EX_SOFTWARE: launch failure other than 126/127
+	ExitTempFail   = 75 // EX_TEMPFAIL: the ID is live or its outcome unknown
+	ExitUnsafeRoot = 78 // EX_CONFIG: the run root is unsafe
+)
+
+// Env is what a command sees of the world. Tests build one directly; main
+// builds it from the process.
+type Env struct {
+	Ctx    context.Context
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Getenv reads the environment; nil means os.Getenv.
+	Getenv func(string) string
+
+	root string // --root given before the command name, if any
+}
+
+type command struct {
+	name    string
+	summary string
+	run     func(e *Env, args []string) int
+}
+
+// commands is the dispatch table. Each command lives in its own cmd_*.go file
+// and adds itself here from an init function, so new commands never edit
+// a shared switch.
+var commands = map[string]*command{}
+
+func register(c *command) {
+	if _, dup := commands[c.name]; dup {
+		panic("cli: command registered twice: " + c.name)
+	}
+	commands[c.name] = c
+}
+
+// Run executes one agent-wrap command line (without the program name) and
+// returns its exit code.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &Env{Ctx: ctx, Stdin: stdin, Stdout: stdout, Stderr: stderr}
+	return e.Run(args)
+}
+
+// Run is Run with a caller-built Env.
+func (e *Env) Run(args []string) int {
+	if e.Getenv == nil {
+		e.Getenv = os.Getenv
+	}
+	if e.Ctx == nil {
+		e.Ctx = context.Background()
+	}
+	// Global flags before the command name: only --root (and help).
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") && args[0] != "--" && args[0] != "-" {
+		a := args[0]
+		switch {
+		case a == "-h" || a == "--help":
+			e.usage(e.Stdout)
+			return ExitOK
+		case a == "--root":
+			if len(args) < 2 {
+				return e.usageError("--root needs a directory")
+			}
+			e.root, args = args[1], args[2:]
+		case strings.HasPrefix(a, "--root="):
+			e.root, args = strings.TrimPrefix(a, "--root="), args[1:]
+		case a == "--version":
+			args = append([]string{"version"}, args[1:]...)
+		default:
+			return e.usageError("unknown flag %s before the command", a)
+		}
+	}
+	if len(args) == 0 {
+		e.usage(e.Stderr)
+		return ExitUsage
+	}
+	if c, ok := commands[args[0]]; ok {
+		return c.run(e, args[1:])
+	}
+	if args[0] == "help" {
+		e.usage(e.Stdout)
+		return ExitOK
+	}
+	// The short form: agent-wrap RUN_ID [--] CMD [ARG...].
+	if err := rundir.ValidID(args[0]); err != nil {
+		e.errorf("%q is neither a command nor a valid run ID: %v", args[0], err)
+		e.hint("run IDs match %s; a run ID that equals a command name needs 'agent-wrap run ID -- CMD'", rundir.IDPattern)
+		return ExitUsage
+	}
+	return commands["run"].run(e, args)
+}
+
+func (e *Env) usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: agent-wrap [--root DIR] RUN_ID [--] CMD [ARG...]")
+	fmt.Fprintln(w, "       agent-wrap [--root DIR] COMMAND [FLAGS] ...")
+	fmt.Fprintln(w, "\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, "\nevery command takes --root DIR (default $AGENT_WRAP_ROOT, else $HOME/.agent-runs)")
+}
+
+// errorf prints "agent-wrap: MESSAGE" to stderr: lowercase, no trailing period.
+func (e *Env) errorf(format string, a ...any) {
+	fmt.Fprintf(e.Stderr, "agent-wrap: "+format+"\n", a...)
+}
+
+// hint prints a line telling the user what to do next.
+func (e *Env) hint(format string, a ...any) {
+	fmt.Fprintf(e.Stderr, "agent-wrap: hint: "+format+"\n", a...)
+}
+
+func (e *Env) usageError(format string, a ...any) int {
+	e.errorf(format, a...)
+	e.hint("see 'agent-wrap help'")
+	return ExitUsage
+}
+
+// flags returns a FlagSet for one command with the common --root flag. It
+// stops at the first non-flag argument so a job's own flags after RUN_ID are
+// never parsed as ours.
+func (e *Env) flags(name string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SetInterspersed(false)
+	fs.SetOutput(e.Stderr)
+	fs.StringVar(&e.root, "root", e.root, "run root `DIR` (default $AGENT_WRAP_ROOT, else $HOME/.agent-runs)")
+	return fs
+}
+
+// parse parses args with fs and reports a usage error as an exit code. ok is
+// false when the command must return code at once (help asked, or bad flags).
+func (e *Env) parse(fs *pflag.FlagSet, args []string) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return ExitOK, false
+		}
+		e.hint("see 'agent-wrap %s --help'", fs.Name())
+		return ExitUsage, false
+	}
+	return 0, true
+}
+
+// openRoot resolves and opens the run root, creating it when create is set.
+// Errors are printed; the second result is the exit code to return.
+func (e *Env) openRoot(create bool) (*rundir.Root, int) {
+	path, err := rundir.ResolveRoot(e.root, e.Getenv)
+	if err != nil {
+		e.errorf("%v", err)
+		e.hint("pass --root DIR or set AGENT_WRAP_ROOT")
+		return nil, ExitUsage
+	}
+	r, err := rundir.OpenRoot(path, create)
+	if err != nil {
+		e.errorf("%v", err)
+		switch {
+		case errors.Is(err, rundir.ErrUnsafe):
+			e.hint("the run root must be a real directory owned by you with mode 0700; fix it or choose another with --root")
+			return nil, ExitUnsafeRoot
+		case errors.Is(err, os.ErrNotExist):
+			e.hint("no runs were ever started under %s; pass the --root the runs used", path)
+			return nil, ExitNoRun
+		}
+		return nil, ExitFailure
+	}
+	return r, 0
+}
