@@ -1,0 +1,86 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/agent-wrap/agent-wrap/deploy"
+)
+
+func init() {
+	register(&command{name: "deploy", summary: "copy agent-wrap to hosts over ssh and install it there", run: runDeploy})
+}
+
+// runDeploy installs agent-wrap on each HOST from this workstation: it asks
+// the host's architecture (uname -m), sends the matching build from the dist
+// directory with the system ssh client, runs `install` there and prints one
+// line per host. A failing host does not stop the others; the exit code is
+// 1 if any failed.
+func runDeploy(e *Env, args []string) int {
+	fs := e.flags("deploy")
+	opts := fs.StringArrayP("option", "o", nil, "ssh `OPTION` (as ssh -o takes it, e.g. Port=2222); repeatable")
+	port := fs.StringP("port", "p", "", "ssh `PORT`")
+	identity := fs.StringP("identity", "i", "", "ssh identity `FILE`")
+	sshConfig := fs.StringP("ssh-config", "F", "", "ssh configuration `FILE`")
+	dist := fs.String("dist", "", "`DIR` holding agent-wrap-linux-amd64/-arm64 and SHA256SUMS (default $AGENT_WRAP_DIST, else ./dist)")
+	useSystemd := fs.Bool("systemd", false, "install: keep the watchdog running with systemd")
+	useCron := fs.Bool("cron", false, "install: run the watchdog from cron")
+	timer := fs.Bool("timer", false, "install: enable the systemd timer instead of the service")
+	userMode := fs.Bool("user", false, "install: for the remote user only (~/.local)")
+	prefix := fs.String("prefix", "", "install: the binary goes to `DIR`/bin/agent-wrap")
+	runRoot := fs.String("run-root", "", "install: the run root `DIR` the remote watchdog watches (default the remote user's)")
+	destRoot := fs.String("dest-root", "", "install: write every file under `DIR` on the host")
+	_ = fs.MarkHidden("dest-root")
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	hosts := fs.Args()
+	if len(hosts) == 0 {
+		return e.usageError("deploy needs at least one HOST")
+	}
+	if *useSystemd && *useCron {
+		return e.usageError("--systemd and --cron are exclusive")
+	}
+
+	r := &deploy.Remote{Dist: *dist}
+	if r.Dist == "" {
+		r.Dist = e.Getenv("AGENT_WRAP_DIST")
+	}
+	if r.Dist == "" {
+		r.Dist = "dist"
+	}
+	if *sshConfig != "" {
+		r.SSHArgs = append(r.SSHArgs, "-F", *sshConfig)
+	}
+	if *port != "" {
+		r.SSHArgs = append(r.SSHArgs, "-p", *port)
+	}
+	if *identity != "" {
+		r.SSHArgs = append(r.SSHArgs, "-i", *identity)
+	}
+	for _, o := range *opts {
+		r.SSHArgs = append(r.SSHArgs, "-o", o)
+	}
+	for _, f := range []struct {
+		set  bool
+		flag string
+	}{{*useSystemd, "--systemd"}, {*useCron, "--cron"}, {*timer, "--timer"}, {*userMode, "--user"}} {
+		if f.set {
+			r.InstallArgs = append(r.InstallArgs, f.flag)
+		}
+	}
+	for _, f := range []struct{ flag, val string }{{"--prefix", *prefix}, {"--root", *runRoot}, {"--dest-root", *destRoot}} {
+		if f.val != "" {
+			r.InstallArgs = append(r.InstallArgs, f.flag, f.val)
+		}
+	}
+
+	code := ExitOK
+	for _, h := range hosts {
+		res := r.Deploy(e.Ctx, h)
+		fmt.Fprintln(e.Stdout, res)
+		if res.Err != nil {
+			code = ExitFailure
+		}
+	}
+	return code
+}

@@ -1,0 +1,143 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+
+	"github.com/agent-wrap/agent-wrap/deploy"
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+func init() {
+	register(&command{name: "install", summary: "install this binary and the watchdog (systemd or cron) on this host", run: runInstall})
+}
+
+// runInstall puts the running binary and the watchdog in place. See
+// deploy/README.md for what goes where and how to undo it.
+//
+// The hidden --dest-root DIR (or $AGENT_WRAP_DESTDIR) prefixes every path
+// written, as DESTDIR does for `make install`: the files name their final
+// paths, only where they are written changes. Tests use it; so can packagers.
+// With it, install never talks to systemd or crontab.
+func runInstall(e *Env, args []string) int {
+	fs := e.flags("install")
+	useSystemd := fs.Bool("systemd", false, "keep the watchdog running with systemd (default when systemd is running)")
+	useCron := fs.Bool("cron", false, "run the watchdog once a minute from cron (default when systemd is not running)")
+	timer := fs.Bool("timer", false, "with systemd, enable the once-a-minute timer instead of the long-running service")
+	userMode := fs.Bool("user", false, "install for this user only: ~/.local, systemd user units or a user crontab")
+	prefix := fs.String("prefix", "", "install the binary as `DIR`/bin/agent-wrap (default /usr/local, or ~/.local with --user)")
+	dryRun := fs.Bool("dry-run", false, "print what would be done, change nothing")
+	destRoot := fs.String("dest-root", "", "write every file under `DIR` (like DESTDIR); for tests and packaging")
+	_ = fs.MarkHidden("dest-root")
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return e.usageError("install takes no arguments, got %q", fs.Arg(0))
+	}
+	if *useSystemd && *useCron {
+		return e.usageError("--systemd and --cron are exclusive")
+	}
+	if *timer && *useCron {
+		return e.usageError("--timer is a systemd timer; it does not go with --cron")
+	}
+	if *destRoot == "" {
+		*destRoot = e.Getenv("AGENT_WRAP_DESTDIR")
+	}
+	if *destRoot != "" && !filepath.IsAbs(*destRoot) {
+		return e.usageError("--dest-root must be an absolute path, got %q", *destRoot)
+	}
+
+	o := deploy.Options{User: *userMode, Timer: *timer, Prefix: *prefix}
+	switch {
+	case *useSystemd || *timer:
+		o.Method = deploy.Systemd
+	case *useCron:
+		o.Method = deploy.Cron
+	case deploy.SystemdRunning():
+		o.Method = deploy.Systemd
+	default:
+		o.Method = deploy.Cron
+		fmt.Fprintln(e.Stdout, "using: cron (systemd is not running here; pass --systemd to install units anyway)")
+	}
+
+	// The watchdog watches the run root the installing user's runs use:
+	// --root, else $AGENT_WRAP_ROOT, else $HOME/.agent-runs, made absolute
+	// and written into the unit or cron line.
+	root, err := rundir.ResolveRoot(e.root, e.Getenv)
+	if err != nil {
+		e.errorf("%v", err)
+		e.hint("pass --root DIR or set AGENT_WRAP_ROOT: the watchdog needs to know which run root to watch")
+		return ExitUsage
+	}
+	if o.RunRoot, err = filepath.Abs(root); err != nil {
+		e.errorf("%v", err)
+		return ExitFailure
+	}
+	if *userMode {
+		o.Home = e.Getenv("HOME")
+		if o.Home == "" {
+			e.errorf("--user needs $HOME")
+			return ExitUsage
+		}
+	}
+	if u, err := user.Current(); err == nil {
+		o.UserName = u.Username
+	}
+	if o.Executable, err = os.Executable(); err != nil {
+		e.errorf("cannot find the running binary: %v", err)
+		return ExitFailure
+	}
+
+	plan, err := deploy.NewPlan(o)
+	if err != nil {
+		e.errorf("install: %v", err)
+		return ExitUsage
+	}
+	changed, err := plan.Apply(e.Stdout, *destRoot, *dryRun)
+	if err != nil {
+		e.errorf("install: %v", err)
+		if os.IsPermission(err) && !*userMode {
+			e.hint("a system install needs root; run it as root, or pass --user")
+		}
+		return ExitFailure
+	}
+	if changed == 0 {
+		fmt.Fprintln(e.Stdout, "nothing changed")
+	}
+
+	// Tell the service manager (or crontab), where there is one to tell and
+	// the files were written for real. Otherwise say what to run.
+	canActivate := !*dryRun && *destRoot == "" &&
+		(plan.Method == deploy.Systemd && deploy.SystemdRunning() ||
+			plan.Method == deploy.Cron && haveCommand("crontab"))
+	if !canActivate {
+		if plan.Activate != "" {
+			fmt.Fprintf(e.Stdout, "next: %s\n", plan.Activate)
+		}
+		if plan.Method == deploy.Systemd && plan.User {
+			fmt.Fprintf(e.Stdout, "next: loginctl enable-linger %s  # keeps the watchdog running while %[1]s is logged out\n", o.UserName)
+		}
+		return ExitOK
+	}
+	if changed == 0 || plan.Activate == "" {
+		return ExitOK // nothing to do, or done by the run that wrote the files
+	}
+	cmd := exec.CommandContext(e.Ctx, "/bin/sh", "-c", plan.Activate)
+	cmd.Stdout, cmd.Stderr = e.Stderr, e.Stderr
+	if err := cmd.Run(); err != nil {
+		e.errorf("install: %s: %v", plan.Activate, err)
+		e.hint("the files are in place; fix the problem and run that command again")
+		return ExitFailure
+	}
+	fmt.Fprintf(e.Stdout, "ran: %s\n", plan.Activate)
+	return ExitOK
+}
+
+func haveCommand(name string) bool {
+	_, err := exec.LookPath(name)
+	return err == nil
+}
