@@ -14,6 +14,17 @@ export CGO_ENABLED := 0
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent-wrap
 
+# Static release builds for `agent-wrap deploy`: dist/agent-wrap-linux-{amd64,arm64}
+# and dist/SHA256SUMS. DISTDIR=DIR builds elsewhere (the deploy tests do).
+dist:
+	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; \
+	for arch in amd64 arm64; do \
+		echo "+ GOOS=linux GOARCH=$$arch $(GO) build -o $$d/agent-wrap-linux-$$arch"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
+			-o "$$d/agent-wrap-linux-$$arch" ./cmd/agent-wrap; \
+	done; \
+	cd "$$d" && sha256sum agent-wrap-linux-amd64 agent-wrap-linux-arm64 >SHA256SUMS && cat SHA256SUMS
+
 # Every test: unit, process-tree, CLI scripts and the end-to-end SSH tests.
 test: build
 	$(GO) vet ./...
