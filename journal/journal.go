@@ -1,0 +1,207 @@
+// Package journal is a run's append-only, hash-chained audit log,
+// events.jsonl: one JSON object per line with seq (1, 2, ...), at (RFC 3339
+// UTC, nanoseconds), mono_ns (CLOCK_BOOTTIME), event, the event's fields, and
+// prev, the hex SHA-256 of the previous line's bytes without its newline (""
+// for the first line).
+//
+// Appends from several processes (wrapper, cancel, watchdog) are serialised
+// with flock on the journal file itself; each append reads the current last
+// line under that lock, so seq and prev are always right. An append with
+// sync set is fsynced before Append returns: that is how an intent is on disk
+// before the first signal is sent. The journal never holds environment
+// values, tokens or command output: callers pass only the fields named in
+// CONTRACT.md.
+package journal
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Fields are an event's own fields. Keys seq, at, mono_ns, event and prev are
+// reserved.
+type Fields map[string]any
+
+var reserved = map[string]bool{"seq": true, "at": true, "mono_ns": true, "event": true, "prev": true}
+
+// Entry is one parsed journal line.
+type Entry struct {
+	Seq    int64          `json:"seq"`
+	At     time.Time      `json:"at"`
+	MonoNS int64          `json:"mono_ns"`
+	Event  string         `json:"event"`
+	Prev   string         `json:"prev"`
+	Fields map[string]any `json:"-"`
+}
+
+// encode renders one line (without newline). Keys come in a fixed order:
+// seq, at, mono_ns, event, the fields sorted by name, prev.
+func encode(seq int64, at time.Time, mono int64, event string, f Fields, prev string) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(`{"seq":`)
+	b.WriteString(strconv.FormatInt(seq, 10))
+	b.WriteString(`,"at":`)
+	ts, _ := json.Marshal(at.UTC().Format(time.RFC3339Nano))
+	b.Write(ts)
+	b.WriteString(`,"mono_ns":`)
+	b.WriteString(strconv.FormatInt(mono, 10))
+	b.WriteString(`,"event":`)
+	ev, err := json.Marshal(event)
+	if err != nil {
+		return nil, err
+	}
+	b.Write(ev)
+	keys := make([]string, 0, len(f))
+	for k := range f {
+		if reserved[k] {
+			return nil, fmt.Errorf("journal: field %q is reserved", k)
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		kb, _ := json.Marshal(k)
+		vb, err := json.Marshal(f[k])
+		if err != nil {
+			return nil, fmt.Errorf("journal: field %q: %w", k, err)
+		}
+		b.WriteByte(',')
+		b.Write(kb)
+		b.WriteByte(':')
+		b.Write(vb)
+	}
+	b.WriteString(`,"prev":"`)
+	b.WriteString(prev)
+	b.WriteString(`"}`)
+	return b.Bytes(), nil
+}
+
+// Hash returns the chain value of a line: hex SHA-256 of its bytes.
+func Hash(line []byte) string {
+	sum := sha256.Sum256(line)
+	return hex.EncodeToString(sum[:])
+}
+
+// ParseLine parses one line (without newline). It rejects what is not a
+// JSON object with a positive seq, an at time, an event name and a prev.
+func ParseLine(line []byte) (Entry, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(line, &raw); err != nil {
+		return Entry{}, fmt.Errorf("not a JSON object: %v", err)
+	}
+	var e Entry
+	for _, k := range []string{"seq", "at", "mono_ns", "event", "prev"} {
+		if _, ok := raw[k]; !ok {
+			return Entry{}, fmt.Errorf("no %q field", k)
+		}
+	}
+	if err := json.Unmarshal(raw["seq"], &e.Seq); err != nil || e.Seq < 1 {
+		return Entry{}, fmt.Errorf("seq is not a positive integer")
+	}
+	var at string
+	if err := json.Unmarshal(raw["at"], &at); err != nil {
+		return Entry{}, fmt.Errorf("at is not a string")
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return Entry{}, fmt.Errorf("at: %v", err)
+	}
+	e.At = t
+	if err := json.Unmarshal(raw["mono_ns"], &e.MonoNS); err != nil {
+		return Entry{}, fmt.Errorf("mono_ns is not an integer")
+	}
+	if err := json.Unmarshal(raw["event"], &e.Event); err != nil || e.Event == "" {
+		return Entry{}, fmt.Errorf("event is not a non-empty string")
+	}
+	if err := json.Unmarshal(raw["prev"], &e.Prev); err != nil {
+		return Entry{}, fmt.Errorf("prev is not a string")
+	}
+	e.Fields = map[string]any{}
+	for k, v := range raw {
+		if reserved[k] {
+			continue
+		}
+		var x any
+		if err := json.Unmarshal(v, &x); err != nil {
+			return Entry{}, fmt.Errorf("field %q: %v", k, err)
+		}
+		e.Fields[k] = x
+	}
+	return e, nil
+}
+
+// BadLineError names the first line of a journal that breaks the chain.
+type BadLineError struct {
+	Line   int // 1-based
+	Reason string
+}
+
+func (e *BadLineError) Error() string {
+	return fmt.Sprintf("journal line %d: %s", e.Line, e.Reason)
+}
+
+// ErrEmpty is returned by Verify for a journal with no lines.
+var ErrEmpty = errors.New("journal is empty")
+
+// Verify reads a whole journal and checks every line: it parses, its seq is
+// its line number, and its prev is the hash of the line before. It returns
+// the number of lines, and a *BadLineError for the first bad one.
+func Verify(r io.Reader) (int, error) {
+	br := bufio.NewReader(r)
+	prev := ""
+	n := 0
+	for {
+		line, err := br.ReadBytes('\n')
+		if len(line) == 0 && err == io.EOF {
+			break
+		}
+		n++
+		if err == io.EOF {
+			return n, &BadLineError{Line: n, Reason: "no trailing newline (a torn write)"}
+		}
+		if err != nil {
+			return n, err
+		}
+		line = line[:len(line)-1]
+		e, perr := ParseLine(line)
+		if perr != nil {
+			return n, &BadLineError{Line: n, Reason: perr.Error()}
+		}
+		if e.Seq != int64(n) {
+			return n, &BadLineError{Line: n, Reason: fmt.Sprintf("seq is %d, want %d", e.Seq, n)}
+		}
+		if e.Prev != prev {
+			return n, &BadLineError{Line: n, Reason: "prev does not match the hash of the line before (edited, removed or reordered)"}
+		}
+		prev = Hash(line)
+	}
+	if n == 0 {
+		return 0, ErrEmpty
+	}
+	return n, nil
+}
+
+// ReadAll parses every line of a journal, stopping at the first line that
+// does not parse. It does not check the chain (Verify does).
+func ReadAll(r io.Reader) ([]Entry, error) {
+	var out []Entry
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	for i := 1; sc.Scan(); i++ {
+		e, err := ParseLine(sc.Bytes())
+		if err != nil {
+			return out, &BadLineError{Line: i, Reason: err.Error()}
+		}
+		out = append(out, e)
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,67 @@
+// Package proc reads Linux process facts from /proc and signals processes
+// only after checking that they are the ones a run recorded.
+//
+// A PID read from a file is a claim, not a fact: PIDs are recycled. The
+// identity of a process here is (PID, start time in clock ticks since boot,
+// boot ID). Signal checks that identity through a pidfd where the kernel has
+// pidfd_open (Linux 5.3) and pidfd_send_signal (5.1), so the process checked
+// is the process signalled; elsewhere it falls back to kill(2) right after
+// the check, which leaves the usual small window.
+package proc
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Stat is what agent-wrap needs of /proc/PID/stat.
+type Stat struct {
+	PID   int
+	Comm  string
+	State byte // R, S, D, Z, T, t, X, I, ...
+	PPID  int
+	PGID  int
+	SID   int
+	// Start is the start time in clock ticks since boot (field 22).
+	Start uint64
+}
+
+// Dead reports whether the process runs nothing any more: a zombie (Z) or
+// dying (X). A zombie keeps its PID until it is reaped, which PID 1 on these
+// machines does only every second or two, so callers count Z as dead.
+func (s Stat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
+
+// ErrGone is returned (wrapped) when the process does not exist.
+var ErrGone = errors.New("no such process")
+
+// ErrMismatch is returned (wrapped) when a process exists but is not the
+// one recorded: another start time, group or session.
+var ErrMismatch = errors.New("process identity mismatch")
+
+// Identity is a recorded process: what a signal must match.
+type Identity struct {
+	PID   int
+	Start uint64 // 0: do not check the start time
+	PGID  int    // 0: do not check
+	SID   int    // 0: do not check
+	// MinStart, if set, requires the process to have started no earlier
+	// than this (a group member cannot predate its leader).
+	MinStart uint64
+}
+
+// Check compares a live Stat with the identity.
+func (id Identity) Check(s Stat) error {
+	switch {
+	case s.PID != id.PID:
+		return fmt.Errorf("pid %d: %w: stat is for pid %d", id.PID, ErrMismatch, s.PID)
+	case id.Start != 0 && s.Start != id.Start:
+		return fmt.Errorf("pid %d: %w: started at tick %d, recorded %d (PID reused)", id.PID, ErrMismatch, s.Start, id.Start)
+	case id.PGID != 0 && s.PGID != id.PGID:
+		return fmt.Errorf("pid %d: %w: process group %d, recorded %d", id.PID, ErrMismatch, s.PGID, id.PGID)
+	case id.SID != 0 && s.SID != id.SID:
+		return fmt.Errorf("pid %d: %w: session %d, recorded %d", id.PID, ErrMismatch, s.SID, id.SID)
+	case id.MinStart != 0 && s.Start < id.MinStart:
+		return fmt.Errorf("pid %d: %w: started at tick %d, before the run's leader (%d)", id.PID, ErrMismatch, s.Start, id.MinStart)
+	}
+	return nil
+}

@@ -1,0 +1,211 @@
+package proc
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// ReadStat reads /proc/PID/stat. A missing process is ErrGone.
+func ReadStat(pid int) (Stat, error) {
+	var buf [1024]byte
+	return readStat(pid, buf[:])
+}
+
+func readStat(pid int, buf []byte) (Stat, error) {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if err == unix.ENOENT || err == unix.ESRCH {
+			return Stat{}, fmt.Errorf("pid %d: %w", pid, ErrGone)
+		}
+		return Stat{}, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	n, err := unix.Read(fd, buf)
+	unix.Close(fd)
+	if err != nil {
+		if err == unix.ESRCH {
+			return Stat{}, fmt.Errorf("pid %d: %w", pid, ErrGone)
+		}
+		return Stat{}, &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	return ParseStat(buf[:n])
+}
+
+// ParseStat parses the content of /proc/PID/stat. The command name is in
+// parentheses and may itself contain spaces and ')', so fields are counted
+// from the last ')'.
+func ParseStat(b []byte) (Stat, error) {
+	open := bytes.IndexByte(b, '(')
+	closing := bytes.LastIndexByte(b, ')')
+	if open < 1 || closing < open {
+		return Stat{}, fmt.Errorf("parse /proc stat: no command name in %q", truncate(b))
+	}
+	var s Stat
+	pid, err := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
+	if err != nil {
+		return Stat{}, fmt.Errorf("parse /proc stat: pid: %v", err)
+	}
+	s.PID = pid
+	s.Comm = string(b[open+1 : closing])
+	f := strings.Fields(string(b[closing+1:]))
+	// f[0] is field 3 (state); starttime is field 22, so f[19].
+	if len(f) < 20 || len(f[0]) != 1 {
+		return Stat{}, fmt.Errorf("parse /proc stat: %d fields after the command name, want at least 20", len(f))
+	}
+	s.State = f[0][0]
+	ints := []*int{&s.PPID, &s.PGID, &s.SID}
+	for i, p := range ints {
+		v, err := strconv.Atoi(f[1+i])
+		if err != nil {
+			return Stat{}, fmt.Errorf("parse /proc stat: field %d: %v", 4+i, err)
+		}
+		*p = v
+	}
+	if s.Start, err = strconv.ParseUint(f[19], 10, 64); err != nil {
+		return Stat{}, fmt.Errorf("parse /proc stat: starttime: %v", err)
+	}
+	return s, nil
+}
+
+func truncate(b []byte) []byte {
+	if len(b) > 80 {
+		return b[:80]
+	}
+	return b
+}
+
+// Scan reads the stat of every process in /proc. Processes that exit while
+// it reads are left out.
+func Scan() ([]Stat, error) {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Stat, 0, len(names))
+	buf := make([]byte, 1024)
+	for _, n := range names {
+		if n[0] < '0' || n[0] > '9' {
+			continue
+		}
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		s, err := readStat(pid, buf)
+		if err != nil {
+			continue // gone, or unreadable: not ours to judge
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// BootID returns this boot's ID from /proc/sys/kernel/random/boot_id.
+func BootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Cmdline returns the argv of pid (empty for a zombie or kernel thread).
+func Cmdline(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return nil, err
+	}
+	b = bytes.TrimRight(b, "\x00")
+	if len(b) == 0 {
+		return []string{}, nil
+	}
+	return strings.Split(string(b), "\x00"), nil
+}
+
+var (
+	pidfdOnce sync.Once
+	pidfdOK   bool
+)
+
+// havePidfd reports whether pidfd_open and pidfd_send_signal work here
+// (Linux 5.3 and later). Probed once, on ourselves.
+func havePidfd() bool {
+	pidfdOnce.Do(func() {
+		fd, err := unix.PidfdOpen(os.Getpid(), 0)
+		if err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		pidfdOK = unix.PidfdSendSignal(fd, 0, nil, 0) == nil
+	})
+	return pidfdOK
+}
+
+// Signal sends sig to the process recorded as id, after checking that the
+// process now at id.PID is that process. With pidfds, the process is pinned
+// before the check, so a recycled PID can never receive the signal. A
+// process that is gone is ErrGone; one that no longer matches is
+// ErrMismatch, and nothing is sent.
+func Signal(id Identity, sig unix.Signal) error {
+	if id.PID <= 1 {
+		return fmt.Errorf("pid %d: refusing to signal: %w", id.PID, ErrMismatch)
+	}
+	if havePidfd() {
+		fd, err := unix.PidfdOpen(id.PID, 0)
+		if err != nil {
+			if err == unix.ESRCH {
+				return fmt.Errorf("pid %d: %w", id.PID, ErrGone)
+			}
+			return os.NewSyscallError("pidfd_open", err)
+		}
+		defer unix.Close(fd)
+		s, err := ReadStat(id.PID)
+		if err != nil {
+			return err
+		}
+		if err := id.Check(s); err != nil {
+			return err
+		}
+		if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
+			if err == unix.ESRCH {
+				return fmt.Errorf("pid %d: %w", id.PID, ErrGone)
+			}
+			return os.NewSyscallError("pidfd_send_signal", err)
+		}
+		return nil
+	}
+	s, err := ReadStat(id.PID)
+	if err != nil {
+		return err
+	}
+	if err := id.Check(s); err != nil {
+		return err
+	}
+	if err := unix.Kill(id.PID, sig); err != nil {
+		if err == unix.ESRCH {
+			return fmt.Errorf("pid %d: %w", id.PID, ErrGone)
+		}
+		return os.NewSyscallError("kill", err)
+	}
+	return nil
+}
+
+// SignalName returns "TERM" for SIGTERM and so on, without the SIG prefix.
+func SignalName(sig unix.Signal) string {
+	n := unix.SignalName(sig)
+	if n == "" {
+		return strconv.Itoa(int(sig))
+	}
+	return strings.TrimPrefix(n, "SIG")
+}

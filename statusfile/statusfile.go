@@ -1,0 +1,189 @@
+// Package statusfile is a run's record, status.json: its schema, the states
+// and causes, and its atomic replacement.
+//
+// Guarantees: Write replaces the file atomically (a renameio pending file in
+// the run directory, fsynced, renamed), so a reader sees the previous record
+// or the new one, never a torn one; with durable set the directory is fsynced
+// as well, so the record survives a crash of the host. Parse rejects anything
+// that is not a complete schema-1 record, so a half-written or foreign file
+// is an error, never a record.
+package statusfile
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+// Schema is the version of the record format.
+const Schema = 1
+
+// States of a run. Terminal states are Finished, Cancelled and LaunchFailed;
+// nothing ever leaves one.
+const (
+	Starting     = "starting"
+	Running      = "running"
+	Cancelling   = "cancelling"
+	Finished     = "finished"
+	Cancelled    = "cancelled"
+	LaunchFailed = "launch_failed"
+)
+
+// Causes: why a run is stopping or stopped.
+const (
+	CauseTERM   = "signal:TERM"
+	CauseINT    = "signal:INT"
+	CauseHUP    = "signal:HUP"
+	CauseCancel = "cancel"
+	CauseLease  = "lease"
+)
+
+// Exit codes a run returns for its causes.
+const (
+	ExitLease = 124
+)
+
+// CauseExitCode is the code `run` and `wait` return for a run cancelled with
+// cause c: 143/130/129 for TERM/INT/HUP, 143 for cancel, 124 for lease.
+func CauseExitCode(c string) int {
+	switch c {
+	case CauseTERM, CauseCancel:
+		return 128 + 15
+	case CauseINT:
+		return 128 + 2
+	case CauseHUP:
+		return 128 + 1
+	case CauseLease:
+		return ExitLease
+	}
+	return 1
+}
+
+// Terminal reports whether state is terminal.
+func Terminal(state string) bool {
+	return state == Finished || state == Cancelled || state == LaunchFailed
+}
+
+var validStates = map[string]bool{Starting: true, Running: true, Cancelling: true, Finished: true, Cancelled: true, LaunchFailed: true}
+
+// Escaped is a descendant of the job that left its process group or
+// session, recorded so cancel and watchdog can find and validate it after
+// the wrapper died.
+type Escaped struct {
+	PID   int      `json:"pid"`
+	PGID  int      `json:"pgid"`
+	SID   int      `json:"sid"`
+	Start uint64   `json:"start"`
+	Argv  []string `json:"argv,omitempty"`
+}
+
+// Record is the content of status.json.
+type Record struct {
+	Schema       int       `json:"schema"`
+	RunID        string    `json:"run_id"`
+	State        string    `json:"state"`
+	Cause        string    `json:"cause,omitempty"`
+	ExitCode     *int      `json:"exit_code,omitempty"`
+	Signal       string    `json:"signal,omitempty"`
+	Error        string    `json:"error,omitempty"`
+	PID          int       `json:"pid,omitempty"`
+	PGID         int       `json:"pgid,omitempty"`
+	SID          int       `json:"sid,omitempty"`
+	WrapperPID   int       `json:"wrapper_pid"`
+	LeaderStart  uint64    `json:"leader_start,omitempty"`
+	WrapperStart uint64    `json:"wrapper_start"`
+	BootID       string    `json:"boot_id"`
+	Command      []string  `json:"command"`
+	CreatedAt    string    `json:"created_at"`
+	StartedAt    string    `json:"started_at,omitempty"`
+	EndedAt      string    `json:"ended_at,omitempty"`
+	LeaseSeconds float64   `json:"lease_seconds"`
+	GraceSeconds float64   `json:"grace_seconds"`
+	OnHangup     string    `json:"on_hangup,omitempty"`
+	Boundary     string    `json:"boundary,omitempty"`
+	Escaped      []Escaped `json:"escaped,omitempty"`
+	Survivors    []int     `json:"survivors"`
+}
+
+// Timestamp formats t as the record's times are: RFC 3339, UTC, nanoseconds.
+func Timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// Code returns the exit code, or -1 when the record has none.
+func (r *Record) Code() int {
+	if r.ExitCode == nil {
+		return -1
+	}
+	return *r.ExitCode
+}
+
+// SetExit stores the exit code.
+func (r *Record) SetExit(code int) { r.ExitCode = &code }
+
+// Marshal renders the record as indented JSON with a trailing newline.
+func Marshal(r *Record) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// Parse decodes and checks a record. It refuses unknown schemas, unknown
+// states, a missing run_id and a terminal record without an exit code.
+func Parse(b []byte) (*Record, error) {
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil, errors.New("status.json is empty")
+	}
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("status.json does not parse: %v", err)
+	}
+	switch {
+	case r.Schema != Schema:
+		return nil, fmt.Errorf("status.json has schema %d, this agent-wrap reads schema %d", r.Schema, Schema)
+	case rundir.ValidID(r.RunID) != nil:
+		return nil, fmt.Errorf("status.json has an invalid run_id %q", r.RunID)
+	case !validStates[r.State]:
+		return nil, fmt.Errorf("status.json has an unknown state %q", r.State)
+	case Terminal(r.State) && r.ExitCode == nil:
+		return nil, fmt.Errorf("status.json is terminal (%s) but has no exit_code", r.State)
+	case r.PID < 0 || r.PGID < 0 || r.SID < 0 || r.WrapperPID < 0:
+		return nil, errors.New("status.json has a negative PID")
+	}
+	return &r, nil
+}
+
+// Read reads and parses the record of a run.
+func Read(d *rundir.Dir) (*Record, error) {
+	b, err := d.ReadFile(rundir.StatusFile)
+	if err != nil {
+		return nil, err
+	}
+	r, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", d.Path, rundir.StatusFile, err)
+	}
+	if r.RunID != d.ID {
+		return nil, fmt.Errorf("%s/%s: records run %q, not %q", d.Path, rundir.StatusFile, r.RunID, d.ID)
+	}
+	return r, nil
+}
+
+// Write replaces the run's record atomically; durable also fsyncs the
+// directory (use it for the records that matter: running, cancelling and
+// every terminal record).
+func Write(d *rundir.Dir, r *Record, durable bool) error {
+	r.Schema = Schema
+	b, err := Marshal(r)
+	if err != nil {
+		return err
+	}
+	return d.WriteAtomic(rundir.StatusFile, b, durable)
+}

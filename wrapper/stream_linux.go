@@ -1,0 +1,131 @@
+package wrapper
+
+import (
+	"errors"
+	"io"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+// streamer copies the job's log files to the wrapper's own stdout and
+// stderr while those can be written. The job writes the files itself, so a
+// slow or closed stream never blocks or loses its output; a write error ends
+// that stream's copy, is journaled as stream_lost, and touches nothing else.
+type streamer struct {
+	done  chan struct{}
+	wakeR *os.File // readable (EOF) once finish closes wakeW
+	wakeW *os.File
+	wg    sync.WaitGroup
+}
+
+func (s *supervisor) startStreams() *streamer {
+	st := &streamer{done: make(chan struct{})}
+	var err error
+	if st.wakeR, st.wakeW, err = os.Pipe(); err != nil {
+		s.warn("cannot stream the logs: %v", err)
+		return nil
+	}
+	for _, p := range []struct {
+		name, stream string
+		w            io.Writer
+	}{
+		{rundir.StdoutFile, "stdout", s.cfg.Stdout},
+		{rundir.StderrFile, "stderr", s.cfg.Stderr},
+	} {
+		if p.w == nil {
+			continue
+		}
+		f, err := s.d.OpenFile(p.name, unix.O_RDONLY, 0)
+		if err != nil {
+			s.warn("cannot follow %s: %v", p.name, err)
+			continue
+		}
+		st.wg.Add(1)
+		go func() {
+			defer st.wg.Done()
+			defer f.Close()
+			if err := follow(f, p.w, st.done, int(st.wakeR.Fd())); err != nil {
+				s.journal("stream_lost", journal.Fields{"stream": p.stream, "error": errText(err)}, false)
+			}
+		}()
+	}
+	return st
+}
+
+// finish tells the followers that no writer is left, and waits until each
+// has copied the file to its end (or lost its stream).
+func (st *streamer) finish() {
+	close(st.done)
+	st.wakeW.Close()
+	st.wg.Wait()
+	st.wakeR.Close()
+}
+
+func errText(err error) string {
+	switch {
+	case errors.Is(err, unix.EPIPE):
+		return "broken pipe"
+	case errors.Is(err, unix.EIO):
+		return "input/output error (terminal hung up)"
+	}
+	return err.Error()
+}
+
+// follow copies f to w as it grows, until done is closed and f is read to
+// its end. It wakes on inotify IN_MODIFY, with a timeout as a backstop.
+func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
+	ifd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err == nil {
+		defer unix.Close(ifd)
+		if _, err := unix.InotifyAddWatch(ifd, f.Name(), unix.IN_MODIFY|unix.IN_CLOSE_WRITE); err != nil {
+			unix.Close(ifd)
+			ifd = -1
+		}
+	} else {
+		ifd = -1
+	}
+	buf := make([]byte, 256<<10)
+	evbuf := make([]byte, 4096)
+	final := false
+	for {
+		n, rerr := f.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if rerr == nil {
+			continue
+		}
+		if rerr != io.EOF {
+			return rerr
+		}
+		if final {
+			return nil
+		}
+		select {
+		case <-done:
+			// Every writer is gone: one more pass to the end, then stop.
+			final = true
+			continue
+		default:
+		}
+		fds := []unix.PollFd{{Fd: int32(wake), Events: unix.POLLIN}}
+		timeout := 50
+		if ifd >= 0 {
+			fds = append(fds, unix.PollFd{Fd: int32(ifd), Events: unix.POLLIN})
+			timeout = 250
+		}
+		_, _ = unix.Poll(fds, timeout)
+		for ifd >= 0 {
+			if _, err := unix.Read(ifd, evbuf); err != nil {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,70 @@
+// Package wrapper supervises one run: it claims the run ID, starts the job
+// in its own session, records everything needed to find, stop and judge it,
+// streams its output while the caller's stream lives, enforces the lease,
+// and stops the whole process tree on a signal, a cancel or lease expiry.
+//
+// The order of a run, which is the point of this package:
+//
+//  1. become a child subreaper and subscribe to TERM, INT, HUP, CHLD and PIPE
+//     before the job exists, so no exit and no orphan is missed and a closed
+//     stream is an error instead of a fatal SIGPIPE;
+//  2. claim the ID (mkdir), write `starting` and journal `created`;
+//  3. start the job with Setsid, its fds 1 and 2 the log files themselves;
+//  4. verify PGID == SID == PID from /proc (the job is never reaped before
+//     this, so the check holds even when it has already exited);
+//  5. write pid, pgid, the deadline and `running`;
+//  6. wait for the leader's exit (waitid with WNOWAIT: it stays unreaped, so
+//     its PGID cannot be recycled while the group is being stopped), a signal
+//     or the deadline;
+//  7. journal and sync the intent, write `cancelling`, then TERM the group
+//     and escaped descendants, wait for them to die (SIGCHLD as their
+//     subreaper, with a backstop rescan), KILL what is left after the grace;
+//  8. reap everything, write the final record, drain the log streams.
+//
+// Exactly one component reaps: the supervisor's loop, by PID.
+package wrapper
+
+import (
+	"io"
+	"os"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// Hangup policies for --on-hangup.
+const (
+	HangupCancel = "cancel"
+	HangupIgnore = "ignore"
+)
+
+// Config is one run to supervise.
+type Config struct {
+	Root *rundir.Root
+	ID   string
+	Argv []string
+
+	Lease    time.Duration // 0: no lease
+	Grace    time.Duration // between TERM and KILL
+	Stream   bool          // copy the logs to Stdout/Stderr while they can be written
+	OnHangup string        // HangupCancel or HangupIgnore
+
+	// Stdin becomes the job's fd 0; nil means /dev/null.
+	Stdin *os.File
+	// Stdout and Stderr receive the streamed logs.
+	Stdout, Stderr io.Writer
+	// Diag receives the wrapper's own diagnostics (what it could not write).
+	Diag io.Writer
+
+	// Running, if set, is called once with the record as soon as the run is
+	// `running` (used by --detach to release its caller).
+	Running func(*statusfile.Record)
+}
+
+// Result is how a run ended.
+type Result struct {
+	Record *statusfile.Record
+	// Code is the exit code `run` returns: the record's exit_code.
+	Code int
+}
