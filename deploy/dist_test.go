@@ -1,0 +1,237 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+)
+
+// The release builds are made once per test binary, by `make dist` itself
+// (two static cross builds take a while on a small machine), into a temp
+// directory that TestMain removes.
+var dist struct {
+	once sync.Once
+	dir  string
+	out  []byte
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if dist.dir != "" {
+		os.RemoveAll(dist.dir)
+	}
+	os.Exit(code)
+}
+
+// distDir returns a directory holding what `make dist` builds.
+func distDir(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the release binaries with make dist; skipped with -short")
+	}
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not found")
+	}
+	dist.once.Do(func() {
+		dist.dir, dist.err = os.MkdirTemp("", "agent-wrap-dist-")
+		if dist.err != nil {
+			return
+		}
+		cmd := exec.Command("make", "-C", "..", "dist", "DISTDIR="+dist.dir)
+		dist.out, dist.err = cmd.CombinedOutput()
+	})
+	if dist.err != nil {
+		t.Fatalf("make dist: %v\n%s", dist.err, dist.out)
+	}
+	return dist.dir
+}
+
+// TestDistStatic: both builds are static executables for their machine (no
+// PT_INTERP, so no dynamic loader and no libc needed on the host), `file`
+// agrees where it is installed, SHA256SUMS verifies, and the amd64 build
+// carries a version and a commit.
+func TestDistStatic(t *testing.T) {
+	d := distDir(t)
+	for arch, machine := range map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64} {
+		t.Run(arch, func(t *testing.T) {
+			path := filepath.Join(d, "agent-wrap-linux-"+arch)
+			f, err := elf.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if f.Machine != machine || f.Type != elf.ET_EXEC {
+				t.Errorf("%s: machine %v type %v, want %v ET_EXEC", path, f.Machine, f.Type, machine)
+			}
+			for _, p := range f.Progs {
+				if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+					t.Errorf("%s has a %v program header: dynamically linked", path, p.Type)
+				}
+			}
+			if _, err := exec.LookPath("file"); err == nil {
+				out, err := exec.Command("file", "-b", path).Output()
+				if err != nil || !bytes.Contains(out, []byte("statically linked")) {
+					t.Errorf("file %s: %v: %s", path, err, out)
+				}
+			}
+		})
+	}
+	t.Run("checksums", func(t *testing.T) {
+		cmd := exec.Command("sha256sum", "-c", "--strict", "SHA256SUMS")
+		cmd.Dir = d
+		out, err := cmd.CombinedOutput()
+		want := "agent-wrap-linux-amd64: OK\nagent-wrap-linux-arm64: OK\n"
+		if err != nil || string(out) != want {
+			t.Errorf("sha256sum -c: %v\n%s\nwant\n%s", err, out, want)
+		}
+	})
+	t.Run("version", func(t *testing.T) {
+		out, err := exec.Command(filepath.Join(d, "agent-wrap-linux-amd64"), "version").Output()
+		re := regexp.MustCompile(`^agent-wrap (\S+) commit ([0-9a-f]{40}) go1\.\S+ linux/amd64\n$`)
+		m := re.FindSubmatch(out)
+		if err != nil || m == nil || string(m[1]) == "dev" {
+			t.Errorf("version: %v: %q; want a stamped version and commit", err, out)
+		}
+	})
+}
+
+// run runs bin with args and returns its stdout, stderr and exit code.
+func run(t *testing.T, bin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("%s %s: %v", bin, strings.Join(args, " "), err)
+	}
+	return o.String(), e.String(), code
+}
+
+// TestDeployLoopback deploys the release build to a real sshd on
+// 127.0.0.1 (the same machine: the "remote" install writes under a temp
+// --dest-root), deploys again to see nothing change, and runs a job over
+// ssh through the deployed copy.
+func TestDeployLoopback(t *testing.T) {
+	d := distDir(t)
+	s := sshtest.Start(t)
+	workstation := filepath.Join(d, "agent-wrap-linux-amd64")
+	dest := t.TempDir()
+	runs := filepath.Join(t.TempDir(), "runs")
+
+	deployArgs := append([]string{"deploy"}, s.SSHArgs()...)
+	deployArgs = append(deployArgs, "--dist", d, "--cron", "--dest-root", dest, "--run-root", runs, s.Destination())
+
+	out, errOut, code := run(t, workstation, deployArgs...)
+	if want := s.Destination() + " ok: linux/amd64, 2 of 2 files changed\n"; code != 0 || out != want {
+		t.Fatalf("first deploy: exit %d, stdout %q, want 0 and %q\nstderr: %s\nsshd log:\n%s", code, out, want, errOut, s.Log())
+	}
+	out, errOut, code = run(t, workstation, deployArgs...)
+	if want := s.Destination() + " ok: linux/amd64, unchanged\n"; code != 0 || out != want {
+		t.Fatalf("second deploy: exit %d, stdout %q, want 0 and %q\nstderr: %s", code, out, want, errOut)
+	}
+
+	// What landed: the very build, and a cron line watching the run root.
+	installed := filepath.Join(dest, "usr/local/bin/agent-wrap")
+	sent, _ := os.ReadFile(workstation)
+	got, err := os.ReadFile(installed)
+	if err != nil || !bytes.Equal(got, sent) {
+		t.Fatalf("installed binary differs from the build sent (%v)", err)
+	}
+	cron, err := os.ReadFile(filepath.Join(dest, "etc/cron.d/agent-wrap"))
+	if want := " /usr/local/bin/agent-wrap --root " + runs + " watchdog --once "; err != nil || !bytes.Contains(cron, []byte(want)) {
+		t.Errorf("cron.d file (%v):\n%s\nwant a line with %q", err, cron, want)
+	}
+	// The temporary copy is gone.
+	if left, _ := filepath.Glob("/tmp/agent-wrap.??????"); len(left) > 0 {
+		for _, l := range left {
+			if b, err := os.ReadFile(l); err == nil && bytes.Equal(b, sent) {
+				t.Errorf("temporary copy left behind: %s", l)
+			}
+		}
+	}
+
+	// A job over ssh through the deployed copy.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	help, _ := s.Command(ctx, sshtest.Quote(installed, "help")).Output()
+	if !regexp.MustCompile(`(?m)^\s+run\s`).Match(help) {
+		t.Skipf("the deployed build has no run command yet; help says:\n%s", help)
+	}
+	cmd := s.Command(ctx, sshtest.Quote(installed, "--root", runs, "deploy-job-1", "--", "sh", "-c", "echo ok from the deployed copy"))
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Run(); err != nil || o.String() != "ok from the deployed copy\n" {
+		t.Fatalf("job over ssh: %v\nstdout: %q\nstderr: %s", err, o.String(), e.String())
+	}
+	b, err := os.ReadFile(filepath.Join(runs, "deploy-job-1", "status.json"))
+	var st struct {
+		State    string `json:"state"`
+		ExitCode *int   `json:"exit_code"`
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	if err != nil || st.State != "finished" || st.ExitCode == nil || *st.ExitCode != 0 {
+		t.Errorf("status.json (%v): %s; want finished with exit_code 0", err, b)
+	}
+}
+
+// TestDeployOneHostDown: one host answers, the other (a closed port on
+// loopback) does not. Both are reported, in order, and the exit is 1.
+func TestDeployOneHostDown(t *testing.T) {
+	d := distDir(t)
+	s := sshtest.Start(t)
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+
+	// The ports go in ssh:// destinations, so drop the server's -p (ssh
+	// prefers -p to a port in the destination).
+	var args []string
+	sa := s.SSHArgs()
+	for i := 0; i < len(sa); i++ {
+		if sa[i] == "-p" {
+			i++
+			continue
+		}
+		args = append(args, sa[i])
+	}
+	good := "ssh://" + s.User() + "@127.0.0.1:" + strconv.Itoa(s.Port())
+	bad := "ssh://" + s.User() + "@127.0.0.1:" + strconv.Itoa(closed)
+	deployArgs := append(append([]string{"deploy"}, args...), "--dist", d, "--cron", "--dest-root", t.TempDir(), "--run-root", "/tmp/unused-runs", bad, good)
+
+	out, errOut, code := run(t, filepath.Join(d, "agent-wrap-linux-amd64"), deployArgs...)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if code != 1 || len(lines) != 2 ||
+		!strings.HasPrefix(lines[0], bad+" failed: ssh: ") || !strings.Contains(lines[0], "Connection refused") ||
+		lines[1] != good+" ok: linux/amd64, 2 of 2 files changed" {
+		t.Fatalf("exit %d, stdout:\n%s\nwant 1, %q failed (connection refused) then %q ok\nstderr: %s", code, out, bad, good, errOut)
+	}
+}
