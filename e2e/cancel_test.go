@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+)
+
+// treeJob starts two children in the job's group, then waits for them.
+const treeJob = `sleep 300 & sleep 300 & echo started; wait`
+
+// waitMembers waits until the run's group has n live members and returns them.
+func waitMembers(t *testing.T, pgid, n int) []pstat {
+	t.Helper()
+	var m []pstat
+	eventually(t, "the job's children to start", func() bool {
+		m = groupMembers(pgid)
+		return len(m) == n
+	})
+	return m
+}
+
+// Scenario 3. `cancel` over a second connection while the first streams:
+// the first connection ends with exit 143, the record says cancelled, and no
+// process of the group is left.
+func TestCancelOverSecondConnection(t *testing.T) {
+	need(t, "run", "cancel")
+	t.Parallel()
+	h := newHarness(t)
+	const id = "cancel-second"
+	s := h.start(nil, "run", "--lease", "60s", "--grace", "2s", id, "--", "sh", "-c", treeJob)
+	eventually(t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
+	r := h.waitRunning(id)
+	members := waitMembers(t, r.PGID, 3)
+
+	if c := h.ssh("cancel", "--wait", "20s", id); c.code != 0 {
+		t.Errorf("cancel over a second connection: exit %d, want 0\nstdout: %s\nstderr: %s", c.code, c.stdout, c.stderr)
+	}
+	if code := s.wait(t); code != 143 {
+		t.Errorf("the streaming connection ended with %d, want 143\nstderr: %s", code, s.stderr())
+	}
+	final, err := h.status(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFinal(t, final, "cancelled", "cancel", 143)
+	waitGroupEmpty(t, r.PGID)
+	for _, m := range members {
+		if alive(m.pid, m.start) {
+			t.Errorf("member %d alive after cancel", m.pid)
+		}
+	}
+	ev := h.events(id)
+	for _, want := range []string{"cancel_requested", "signal_sent", "final"} {
+		if !contains(ev, want) {
+			t.Errorf("journal lacks %q: %v", want, ev)
+		}
+	}
+	if haveCommands["reconcile"] {
+		code, v := h.reconcileJSON(id)
+		if code != 0 || v["outcome"] != "cancelled" {
+			t.Errorf("reconcile: exit %d, %v; want exit 0, outcome cancelled", code, v)
+		}
+	}
+}
+
+// Scenario 5. Two runs on one account; cancelling one over ssh leaves every
+// process of the other alive.
+func TestCancelLeavesOtherRunAlone(t *testing.T) {
+	need(t, "run", "cancel")
+	t.Parallel()
+	h := newHarness(t)
+	sa := h.start(nil, "run", "--lease", "60s", "--grace", "2s", "victim", "--", "sh", "-c", treeJob)
+	sb := h.start(nil, "run", "--lease", "60s", "--grace", "2s", "bystander", "--", "sh", "-c", treeJob)
+	eventually(t, "both jobs' first lines", func() bool {
+		return strings.Contains(sa.stdout(), "started\n") && strings.Contains(sb.stdout(), "started\n")
+	})
+	ra, rb := h.waitRunning("victim"), h.waitRunning("bystander")
+	if ra.PGID == rb.PGID || ra.SID == rb.SID {
+		t.Fatalf("the two runs share a group or session: %v / %v", ra, rb)
+	}
+	waitMembers(t, ra.PGID, 3)
+	bMembers := waitMembers(t, rb.PGID, 3)
+
+	if c := h.ssh("cancel", "--wait", "20s", "victim"); c.code != 0 {
+		t.Errorf("cancel victim: exit %d, want 0\nstderr: %s", c.code, c.stderr)
+	}
+	if code := sa.wait(t); code != 143 {
+		t.Errorf("victim's connection ended with %d, want 143", code)
+	}
+	waitGroupEmpty(t, ra.PGID)
+
+	for _, m := range bMembers {
+		if !alive(m.pid, m.start) {
+			t.Errorf("bystander's process %d died when the victim was cancelled", m.pid)
+		}
+	}
+	if !alive(rb.WrapperPID, rb.WrapperStart) {
+		t.Errorf("bystander's wrapper %d died", rb.WrapperPID)
+	}
+	if st, err := h.status("bystander"); err != nil || st.State != "running" {
+		t.Errorf("bystander's record: %v (err %v), want running", st, err)
+	}
+	select {
+	case <-sb.done:
+		t.Errorf("bystander's streaming connection ended: %v", sb.err)
+	default:
+	}
+
+	// Then the bystander too, so the test leaves nothing behind.
+	if c := h.ssh("cancel", "--wait", "20s", "bystander"); c.code != 0 {
+		t.Errorf("cancel bystander: exit %d, want 0\nstderr: %s", c.code, c.stderr)
+	}
+	if code := sb.wait(t); code != 143 {
+		t.Errorf("bystander's connection ended with %d, want 143", code)
+	}
+	waitGroupEmpty(t, rb.PGID)
+}

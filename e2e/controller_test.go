@@ -1,0 +1,48 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+)
+
+// Scenario 6. The controller loop of README.md, as the shell script
+// testdata/controller.sh: renew every second over ssh, stop renewing, then
+// reconcile. The script checks each step; the test adds the /proc evidence.
+func TestControllerLoop(t *testing.T) {
+	need(t, "run", "renew", "reconcile", "wait")
+	t.Parallel()
+	h := newHarness(t)
+	const id = "controller-loop"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitLong)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sh", "testdata/controller.sh", id, "4", "5")
+	ssh := append([]string{"ssh"}, h.srv.SSHArgs()...)
+	cmd.Env = append(cmd.Environ(),
+		"SSH="+strings.Join(append(ssh, h.srv.Destination()), " "),
+		"AW="+sshtest.Quote(bin, "--root", h.root),
+	)
+	out, err := cmd.CombinedOutput()
+	t.Logf("controller.sh:\n%s", out)
+	if err != nil {
+		t.Fatalf("controller.sh: %v", err)
+	}
+	final, err := h.status(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFinal(t, final, "cancelled", "lease", 124)
+	waitGroupEmpty(t, final.PGID)
+	renewed := 0
+	for _, e := range h.events(id) {
+		if e == "lease_renewed" {
+			renewed++
+		}
+	}
+	if renewed != 5 {
+		t.Errorf("journal has %d lease_renewed events, want 5", renewed)
+	}
+}

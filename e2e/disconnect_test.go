@@ -1,0 +1,188 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// printer is a job that prints a numbered line every 50 ms, forever.
+const printer = `i=0; while :; do i=$((i+1)); echo "line $i"; sleep 0.05; done`
+
+// logSize returns the size of the run's stdout.log, or -1.
+func (h *harness) logSize(id string) int64 {
+	fi, err := os.Stat(filepath.Join(h.root, id, "stdout.log"))
+	if err != nil {
+		return -1
+	}
+	return fi.Size()
+}
+
+// disconnect SIGKILLs the local ssh client of s, as a crashing controller
+// would be, and waits until the sshd processes of that connection (the
+// wrapper's ancestors below the listener) are gone: from then on the wrapper's
+// stdout and stderr lead nowhere.
+func (h *harness) disconnect(s *stream, r record) {
+	h.t.Helper()
+	conn := ancestors(r.WrapperPID, h.srv.PID())
+	if len(conn) == 0 {
+		h.t.Fatalf("found no sshd process between wrapper %d and the listener %d", r.WrapperPID, h.srv.PID())
+	}
+	s.kill(h.t)
+	for _, p := range conn {
+		eventually(h.t, "the connection's sshd processes to exit", func() bool { return !alive(p.pid, p.start) })
+	}
+	h.t.Logf("client killed; the connection's sshd processes %v are gone", pids(conn))
+}
+
+func pids(ps []pstat) []int {
+	out := make([]int, len(ps))
+	for i, p := range ps {
+		out[i] = p.pid
+	}
+	return out
+}
+
+// stillRunsAfterDisconnect checks that, with the connection gone, the job
+// still writes its log and both the job and the wrapper are alive (the
+// wrapper has had output to write into the closed pipe, so SIGPIPE would have
+// killed it had it not ignored it). The checks only mean something before the
+// lease ends, so a machine too slow to make them in time fails loudly.
+func (h *harness) stillRunsAfterDisconnect(id string, r record, deadline time.Time) {
+	h.t.Helper()
+	size := h.logSize(id)
+	eventually(h.t, "stdout.log to grow after the disconnect", func() bool { return h.logSize(id) >= size+int64(3*len("line 99\n")) })
+	if !alive(r.WrapperPID, r.WrapperStart) {
+		h.t.Errorf("wrapper %d died after the disconnect (SIGPIPE?)", r.WrapperPID)
+	}
+	if !alive(r.PID, r.LeaderStart) {
+		h.t.Errorf("job leader %d died after the disconnect", r.PID)
+	}
+	if st, err := h.status(id); err != nil || st.State != "running" {
+		h.t.Errorf("after the disconnect: record %v (err %v), want state running", st, err)
+	}
+	if time.Now().After(deadline) {
+		h.t.Fatalf("the checks after the disconnect ran after the lease's end: machine too slow, result inconclusive")
+	}
+}
+
+// leaseDeadline reads deadline_epoch.
+func (h *harness) leaseDeadline(id string) time.Time {
+	n := readInt(filepath.Join(h.root, id, "deadline_epoch"))
+	if n == 0 {
+		h.t.Fatalf("run %s: no deadline_epoch", id)
+	}
+	return time.Unix(int64(n), 0)
+}
+
+// Scenario 1. No PTY, a 3 s lease that is never renewed, a job printing
+// continuously, the local ssh client SIGKILLed: losing the stream is not a
+// hangup, so the job runs on past the disconnect, the wrapper survives writing
+// into the dead pipe, the lease then stops the job, and reconcile over a new
+// connection says cancelled.
+func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
+	need(t, "run")
+	t.Parallel()
+	h := newHarness(t)
+	const id = "nopty-disconnect"
+	s := h.start(nil, "run", "--lease", "3s", "--grace", "1s", id, "--", "sh", "-c", printer)
+	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
+	r := h.waitRunning(id)
+	deadline := h.leaseDeadline(id)
+
+	h.disconnect(s, r)
+	h.stillRunsAfterDisconnect(id, r, deadline)
+
+	final := h.waitTerminal(id)
+	wantFinal(t, final, "cancelled", "lease", 124)
+	waitGroupEmpty(t, r.PGID)
+	if alive(r.PID, r.LeaderStart) {
+		t.Errorf("job leader %d alive after the lease ended", r.PID)
+	}
+	ev := h.events(id)
+	for _, want := range []string{"stream_lost", "deadline_expired", "final"} {
+		if !contains(ev, want) {
+			t.Errorf("journal lacks %q: %v", want, ev)
+		}
+	}
+	eventually(t, "the wrapper to exit after its final record", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
+
+	if haveCommands["reconcile"] {
+		code, v := h.reconcileJSON(id)
+		if code != 0 || v["outcome"] != "cancelled" {
+			t.Errorf("reconcile over a new connection: exit %d, %v; want exit 0, outcome cancelled", code, v)
+		}
+	} else {
+		t.Log("reconcile not checked: agent-wrap has no reconcile command yet")
+	}
+	h.reattachChecks(id, 124)
+}
+
+// reattachChecks checks, where the commands exist, what a controller that
+// lost its connection does next: `logs` prints stdout.log byte for byte and
+// `wait` exits as run would have.
+func (h *harness) reattachChecks(id string, code int) {
+	h.t.Helper()
+	if haveCommands["logs"] {
+		want, err := os.ReadFile(filepath.Join(h.root, id, "stdout.log"))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		r := h.ssh("logs", "-f", id)
+		if r.code != 0 || r.stdout != string(want) {
+			h.t.Errorf("logs -f %s over ssh: exit %d, %d bytes; want exit 0 and stdout.log's %d bytes", id, r.code, len(r.stdout), len(want))
+		}
+	}
+	if haveCommands["wait"] {
+		if r := h.ssh("wait", "--timeout", "20s", id); r.code != code {
+			h.t.Errorf("wait %s over ssh: exit %d, want %d (stderr %q)", id, r.code, code, r.stderr)
+		}
+	}
+}
+
+// Scenario 2a. `ssh -tt`, the client killed: sshd closes the PTY, the kernel
+// hangs it up, the wrapper (session leader on that terminal) gets SIGHUP and,
+// by default, cancels the run.
+func TestDisconnectPTYHangupCancels(t *testing.T) {
+	need(t, "run")
+	t.Parallel()
+	h := newHarness(t)
+	const id = "pty-hangup"
+	s := h.start([]string{"-tt"}, "run", "--lease", "60s", "--grace", "1s", id, "--", "sh", "-c", printer)
+	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
+	r := h.waitRunning(id)
+
+	h.disconnect(s, r)
+
+	final := h.waitTerminal(id)
+	wantFinal(t, final, "cancelled", "signal:HUP", 129)
+	waitGroupEmpty(t, r.PGID)
+	if haveCommands["reconcile"] {
+		code, v := h.reconcileJSON(id)
+		if code != 0 || v["outcome"] != "cancelled" {
+			t.Errorf("reconcile: exit %d, %v; want exit 0, outcome cancelled", code, v)
+		}
+	}
+}
+
+// Scenario 2b. The same hangup with --on-hangup ignore: the job lives on
+// until its 3 s lease.
+func TestDisconnectPTYHangupIgnored(t *testing.T) {
+	need(t, "run")
+	t.Parallel()
+	h := newHarness(t)
+	const id = "pty-ignore"
+	s := h.start([]string{"-tt"}, "run", "--lease", "3s", "--grace", "1s", "--on-hangup", "ignore", id, "--", "sh", "-c", printer)
+	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
+	r := h.waitRunning(id)
+	deadline := h.leaseDeadline(id)
+
+	h.disconnect(s, r)
+	h.stillRunsAfterDisconnect(id, r, deadline)
+
+	final := h.waitTerminal(id)
+	wantFinal(t, final, "cancelled", "lease", 124)
+	waitGroupEmpty(t, r.PGID)
+}
