@@ -1,0 +1,357 @@
+package cli_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// startRun starts `agent-wrap run ARGS` and registers cleanup that kills
+// what is left of the run by its recorded group.
+func startRun(t *testing.T, root, id string, args ...string) (*runtest.Cmd, runtest.Run) {
+	t.Helper()
+	r := runtest.Run{Root: root, ID: id}
+	t.Cleanup(r.Kill)
+	c := runtest.Start(t, root, append([]string{"run"}, args...)...)
+	return c, r
+}
+
+func indexOf(events []string, name string) int {
+	for i, e := range events {
+		if e == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// TERM to the wrapper of a job with a background grandchild: everything in
+// the group dies, the run is cancelled with cause signal:TERM and exit 143,
+// and the intent is on the journal before the first signal.
+func TestRunTermWrapperStopsGroup(t *testing.T) {
+	root := runtest.NewRoot(t)
+	gcFile := filepath.Join(t.TempDir(), "grandchild")
+	c, r := startRun(t, root, "term1", "--grace", "5s", "term1", "--",
+		"sh", "-c", "sleep 300 & echo $! > "+gcFile+"; sleep 300")
+	rec := r.WaitState(t, statusfile.Running)
+	var gc int
+	runtest.Eventually(t, "grandchild pid file", func() bool {
+		gc = readPID(gcFile)
+		return gc > 0
+	})
+	if !runtest.Alive(gc) || !runtest.Alive(rec.PID) {
+		t.Fatalf("job %d or grandchild %d not running before the stop", rec.PID, gc)
+	}
+	if err := unix.Kill(rec.WrapperPID, unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.Wait(t); code != 143 {
+		t.Fatalf("exit %d, want 143\n%s", code, c.Stderr.String())
+	}
+	r.AssertGroupEmpty(t)
+	if runtest.Alive(gc) {
+		t.Fatalf("grandchild %d survived", gc)
+	}
+	rec = r.MustStatus(t)
+	if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseTERM || rec.Code() != 143 {
+		t.Fatalf("record: state %s cause %s code %d", rec.State, rec.Cause, rec.Code())
+	}
+	if len(rec.Survivors) != 0 {
+		t.Fatalf("survivors %v", rec.Survivors)
+	}
+	ev := r.Events(t)
+	intent, sig := indexOf(ev, "cancel_requested"), indexOf(ev, "signal_sent")
+	if intent < 0 || sig < 0 || intent > sig {
+		t.Fatalf("intent must precede the first signal: %v", ev)
+	}
+	if ev[len(ev)-1] != "final" {
+		t.Fatalf("last event %q, want final: %v", ev[len(ev)-1], ev)
+	}
+}
+
+// readPID reads a PID a job wrote to a file (0 until it is complete).
+func readPID(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil || !bytes.HasSuffix(b, []byte("\n")) {
+		return 0
+	}
+	v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return v
+}
+
+// execCode runs a command to completion and returns its exit code.
+func execCode(name string, args ...string) (int, error) {
+	cmd := exec.Command(name, args...)
+	err := cmd.Run()
+	if cmd.ProcessState != nil {
+		return cmd.ProcessState.ExitCode(), nil
+	}
+	return -1, err
+}
+
+// TERM straight to the job leader: the leader dies of it, the rest of its
+// group is stopped, and the run finishes with 143 and signal TERM.
+func TestRunTermLeader(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "leader", "leader", "--", "sh", "-c", "sleep 300 & sleep 300 & wait")
+	rec := r.WaitState(t, statusfile.Running)
+	runtest.Eventually(t, "three group members", func() bool { return len(runtest.Members(rec.PGID)) >= 3 })
+	if err := unix.Kill(rec.PID, unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.Wait(t); code != 143 {
+		t.Fatalf("exit %d, want 143\n%s", code, c.Stderr.String())
+	}
+	r.AssertGroupEmpty(t)
+	rec = r.MustStatus(t)
+	if rec.State != statusfile.Finished || rec.Signal != "TERM" || rec.Code() != 143 {
+		t.Fatalf("record: state %s signal %q code %d", rec.State, rec.Signal, rec.Code())
+	}
+	if indexOf(r.Events(t), "stragglers_stopped") < 0 {
+		t.Fatalf("no stragglers_stopped event: %v", r.Events(t))
+	}
+}
+
+// Two runs under one root: stopping one leaves every process of the other.
+func TestRunStopOneLeavesOther(t *testing.T) {
+	root := runtest.NewRoot(t)
+	ca, a := startRun(t, root, "a", "a", "--", "sh", "-c", "sleep 300 & sleep 300 & wait")
+	cb, b := startRun(t, root, "b", "b", "--", "sh", "-c", "sleep 300 & sleep 300 & wait")
+	ra := a.WaitState(t, statusfile.Running)
+	rb := b.WaitState(t, statusfile.Running)
+	runtest.Eventually(t, "both groups populated", func() bool {
+		return len(runtest.Members(ra.PGID)) == 3 && len(runtest.Members(rb.PGID)) == 3
+	})
+	before := runtest.Members(rb.PGID)
+	unix.Kill(ra.WrapperPID, unix.SIGTERM)
+	if code := ca.Wait(t); code != 143 {
+		t.Fatalf("a: exit %d", code)
+	}
+	a.AssertGroupEmpty(t)
+	for _, p := range before {
+		if !runtest.AliveAs(p.PID, p.Start) {
+			t.Fatalf("b's process %d died when a was stopped", p.PID)
+		}
+	}
+	if cb.Exited() {
+		t.Fatal("b's wrapper exited")
+	}
+	unix.Kill(rb.WrapperPID, unix.SIGTERM)
+	cb.Wait(t)
+	b.AssertGroupEmpty(t)
+}
+
+// A leader that exits leaving a background child: the run returns the
+// leader's code promptly (well within the grace) and the group is empty.
+func TestRunLeaderExitStopsStragglers(t *testing.T) {
+	root := runtest.NewRoot(t)
+	start := time.Now()
+	c, r := startRun(t, root, "bg", "--grace", "5s", "bg", "--", "sh", "-c", "sleep 300 & exit 0")
+	if code := c.Wait(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, c.Stderr.String())
+	}
+	if d := time.Since(start); d > 5*time.Second+10*time.Second {
+		t.Fatalf("took %v, want within grace plus a margin", d)
+	}
+	r.AssertGroupEmpty(t)
+	rec := r.MustStatus(t)
+	if rec.State != statusfile.Finished || rec.Code() != 0 {
+		t.Fatalf("state %s code %d", rec.State, rec.Code())
+	}
+}
+
+// A job that ignores TERM is KILLed after the grace; survivors is empty.
+func TestRunKillAfterGrace(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "stubborn", "--grace", "1s", "stubborn", "--",
+		"sh", "-c", "trap '' TERM; sleep 300 & while :; do sleep 1; done")
+	rec := r.WaitState(t, statusfile.Running)
+	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) >= 2 })
+	unix.Kill(rec.WrapperPID, unix.SIGTERM)
+	if code := c.Wait(t); code != 143 {
+		t.Fatalf("exit %d\n%s", code, c.Stderr.String())
+	}
+	r.AssertGroupEmpty(t)
+	rec = r.MustStatus(t)
+	if rec.State != statusfile.Cancelled || len(rec.Survivors) != 0 {
+		t.Fatalf("state %s survivors %v", rec.State, rec.Survivors)
+	}
+	var kills int
+	for _, e := range r.Journal(t) {
+		if e.Event == "signal_sent" && e.Fields["signal"] == "KILL" {
+			kills++
+		}
+	}
+	if kills == 0 {
+		t.Fatalf("no KILL journaled: %v", r.Events(t))
+	}
+}
+
+// 50 MB of output: stdout.log holds exactly what the job wrote, and so does
+// the streamed copy.
+func TestRunLargeOutputByteIdentical(t *testing.T) {
+	root := runtest.NewRoot(t)
+	// 50 MB of pseudo-random bytes, so a dropped or repeated block shows.
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.WriteFile(src, pseudoRandom(50<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, r := startRun(t, root, "big", "--lease", "0", "big", "--", "cat", src)
+	if code := c.Wait(t); code != 0 {
+		t.Fatalf("exit %d: %s", code, c.Stderr.String())
+	}
+	want, _ := os.ReadFile(src)
+	got, _ := os.ReadFile(filepath.Join(r.Dir(), "stdout.log"))
+	if sha256.Sum256(got) != sha256.Sum256(want) {
+		t.Fatalf("stdout.log: %d bytes, differs from the %d the job wrote", len(got), len(want))
+	}
+	if !bytes.Equal(c.Stdout.Bytes(), want) {
+		t.Fatalf("streamed copy: %d bytes, differs from the %d the job wrote", c.Stdout.Len(), len(want))
+	}
+}
+
+func pseudoRandom(n int) []byte {
+	b := make([]byte, n)
+	x := uint64(0x9E3779B97F4A7C15)
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b[i] = byte(x)
+	}
+	return b
+}
+
+// status.json, read in a tight loop while 30 runs start and finish, is
+// always a complete, valid record.
+func TestStatusAlwaysValidUnderChurn(t *testing.T) {
+	root := runtest.NewRoot(t)
+	const n = 30
+	var stop atomic.Bool
+	var reads, bad atomic.Int64
+	var firstBad atomic.Value
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				for j := 0; j < n; j++ {
+					b, err := os.ReadFile(filepath.Join(root, fmt.Sprintf("churn-%d", j), "status.json"))
+					if err != nil {
+						continue // not created yet
+					}
+					reads.Add(1)
+					if _, err := statusfile.Parse(b); err != nil {
+						bad.Add(1)
+						firstBad.CompareAndSwap(nil, fmt.Sprintf("%v: %q", err, b))
+					}
+				}
+			}
+		}()
+	}
+	var cmds []*runtest.Cmd
+	for j := 0; j < n; j++ {
+		c, _ := startRun(t, root, fmt.Sprintf("churn-%d", j), "--no-stream", fmt.Sprintf("churn-%d", j), "--", "sh", "-c", "exit 0")
+		cmds = append(cmds, c)
+	}
+	for _, c := range cmds {
+		if code := c.Wait(t); code != 0 {
+			t.Errorf("exit %d: %s", code, c.Stderr.String())
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if bad.Load() > 0 {
+		t.Fatalf("%d of %d reads were not a valid record; first: %v", bad.Load(), reads.Load(), firstBad.Load())
+	}
+	if reads.Load() < n {
+		t.Fatalf("only %d reads", reads.Load())
+	}
+}
+
+// `true` and `sh -c 'exit 3'`, 100 runs each: every one finished with its
+// code. Most exit before the wrapper inspects them; the session check must
+// not depend on the job still running.
+func TestRunManyShortJobs(t *testing.T) {
+	root := runtest.NewRoot(t)
+	bin := runtest.Binary(t)
+	type job struct {
+		argv []string
+		code int
+	}
+	jobs := []job{{[]string{"true"}, 0}, {[]string{"sh", "-c", "exit 3"}, 3}}
+	var wg sync.WaitGroup
+	errs := make(chan string, 200)
+	sem := make(chan struct{}, 4)
+	for i := 0; i < 100; i++ {
+		for k, j := range jobs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				id := fmt.Sprintf("short-%d-%d", k, i)
+				args := append([]string{"--root", root, "run", "--no-stream", "--lease", "0", id, "--"}, j.argv...)
+				code, err := execCode(bin, args...)
+				if err != nil || code != j.code {
+					errs <- fmt.Sprintf("%s: exit %d (%v), want %d", id, code, err, j.code)
+					return
+				}
+				r := runtest.Run{Root: root, ID: id}
+				rec := r.Status()
+				if rec == nil || rec.State != statusfile.Finished || rec.Code() != j.code {
+					errs <- fmt.Sprintf("%s: record %+v", id, rec)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+// The job inherits exactly fds 0, 1 and 2: no descriptor of the wrapper's
+// (run directory, journal, lock, inotify, pipes) leaks into it. Read from
+// outside, through /proc/PID/fd of the running leader.
+func TestRunJobHasOnlyStdio(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "fds", "fds", "--", "sleep", "300")
+	rec := r.WaitState(t, statusfile.Running)
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", rec.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fds []string
+	for _, e := range ents {
+		fds = append(fds, e.Name())
+	}
+	if strings.Join(fds, ",") != "0,1,2" {
+		t.Fatalf("job fds %v, want 0,1,2", fds)
+	}
+	for fd, want := range map[string]string{"1": "stdout.log", "2": "stderr.log"} {
+		got, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", rec.PID, fd))
+		if got != filepath.Join(r.Dir(), want) {
+			t.Errorf("fd %s is %s, want the run's %s", fd, got, want)
+		}
+	}
+	unix.Kill(rec.WrapperPID, unix.SIGTERM)
+	c.Wait(t)
+	r.AssertGroupEmpty(t)
+}

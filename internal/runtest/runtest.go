@@ -1,0 +1,327 @@
+// Package runtest holds what agent-wrap's process tests share: the real
+// binary built once per test process, conditions waited for with generous
+// deadlines (never fixed sleeps), and facts about a run read from its run
+// directory and the real /proc. Cleanup kills what a test started by the
+// recorded process group and PIDs, never by name.
+package runtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// Patience is how long a test waits for a condition before failing. The
+// machines are shared and loaded, so it is generous; a passing test never
+// waits that long.
+const Patience = 30 * time.Second
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary returns the path of an agent-wrap binary built from this module,
+// once per test process (static, as shipped).
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			buildErr = fmt.Errorf("go env GOMOD: %v", err)
+			return
+		}
+		modRoot := filepath.Dir(strings.TrimSpace(string(out)))
+		dir, err := os.MkdirTemp("", "agent-wrap-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "agent-wrap")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", binPath, "./cmd/agent-wrap")
+		cmd.Dir = modRoot
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, b)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// Eventually waits until cond is true, polling with a short backoff, and
+// fails the test with msg if Patience passes first.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	if !Within(Patience, cond) {
+		t.Fatalf("gave up after %v waiting for %s", Patience, what)
+	}
+}
+
+// Within polls cond until it is true or d passes; it reports whether cond
+// became true.
+func Within(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	wait := time.Millisecond
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(wait)
+		if wait < 50*time.Millisecond {
+			wait *= 2
+		}
+	}
+}
+
+// Run is a run under a test's root.
+type Run struct {
+	Root, ID string
+}
+
+// Dir is the run directory.
+func (r Run) Dir() string { return filepath.Join(r.Root, r.ID) }
+
+// File reads a file of the run directory ("" if missing).
+func (r Run) File(name string) string {
+	b, _ := os.ReadFile(filepath.Join(r.Dir(), name))
+	return string(b)
+}
+
+// Status reads and parses status.json; nil if missing or unparseable.
+func (r Run) Status() *statusfile.Record {
+	b, err := os.ReadFile(filepath.Join(r.Dir(), "status.json"))
+	if err != nil {
+		return nil
+	}
+	rec, err := statusfile.Parse(b)
+	if err != nil {
+		return nil
+	}
+	return rec
+}
+
+// MustStatus is Status that fails the test when there is no valid record.
+func (r Run) MustStatus(t testing.TB) *statusfile.Record {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(r.Dir(), "status.json"))
+	if err != nil {
+		t.Fatalf("run %s: %v", r.ID, err)
+	}
+	rec, err := statusfile.Parse(b)
+	if err != nil {
+		t.Fatalf("run %s: %v\n%s", r.ID, err, b)
+	}
+	return rec
+}
+
+// WaitState waits until the run's state is one of states and returns it.
+func (r Run) WaitState(t testing.TB, states ...string) *statusfile.Record {
+	t.Helper()
+	var rec *statusfile.Record
+	Eventually(t, fmt.Sprintf("run %s to be %v", r.ID, states), func() bool {
+		rec = r.Status()
+		if rec == nil {
+			return false
+		}
+		for _, s := range states {
+			if rec.State == s {
+				return true
+			}
+		}
+		return false
+	})
+	return rec
+}
+
+// Journal parses events.jsonl.
+func (r Run) Journal(t testing.TB) []journal.Entry {
+	t.Helper()
+	f, err := os.Open(filepath.Join(r.Dir(), "events.jsonl"))
+	if err != nil {
+		t.Fatalf("run %s: %v", r.ID, err)
+	}
+	defer f.Close()
+	es, err := journal.ReadAll(f)
+	if err != nil {
+		t.Fatalf("run %s: journal: %v", r.ID, err)
+	}
+	return es
+}
+
+// Events returns the names of the journal's events in order.
+func (r Run) Events(t testing.TB) []string {
+	var out []string
+	for _, e := range r.Journal(t) {
+		out = append(out, e.Event)
+	}
+	return out
+}
+
+// PGID is the recorded process group (0 if not recorded yet).
+func (r Run) PGID() int {
+	v, _ := strconv.Atoi(strings.TrimSpace(r.File("pgid")))
+	return v
+}
+
+// Members returns the live (not zombie) processes in process group pgid,
+// read from the real /proc.
+func Members(pgid int) []proc.Stat {
+	if pgid <= 1 {
+		return nil
+	}
+	all, _ := proc.Scan()
+	var out []proc.Stat
+	for _, p := range all {
+		if p.PGID == pgid && !p.Dead() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Alive reports whether pid runs (exists and is not a zombie).
+func Alive(pid int) bool {
+	st, err := proc.ReadStat(pid)
+	return err == nil && !st.Dead()
+}
+
+// AliveAs reports whether pid runs and is the process that started at start.
+func AliveAs(pid int, start uint64) bool {
+	st, err := proc.ReadStat(pid)
+	return err == nil && !st.Dead() && st.Start == start
+}
+
+// AssertGroupEmpty fails loudly, naming every survivor, if any process of
+// the run's recorded group or any recorded escaped descendant still runs.
+func (r Run) AssertGroupEmpty(t testing.TB) {
+	t.Helper()
+	var bad []string
+	for _, p := range Members(r.PGID()) {
+		argv, _ := proc.Cmdline(p.PID)
+		bad = append(bad, fmt.Sprintf("pid %d (%s) state %c in group %d", p.PID, strings.Join(argv, " "), p.State, p.PGID))
+	}
+	if rec := r.Status(); rec != nil {
+		for _, e := range rec.Escaped {
+			if AliveAs(e.PID, e.Start) {
+				bad = append(bad, fmt.Sprintf("escaped pid %d (%s) still runs", e.PID, strings.Join(e.Argv, " ")))
+			}
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("run %s: processes survived:\n  %s", r.ID, strings.Join(bad, "\n  "))
+	}
+}
+
+// Kill kills whatever is left of the run, by its recorded group and escaped
+// PIDs (validated by start time) and its recorded wrapper: test cleanup.
+func (r Run) Kill() {
+	if pg := r.PGID(); pg > 1 && len(Members(pg)) > 0 {
+		_ = unix.Kill(-pg, unix.SIGKILL)
+	}
+	if rec := r.Status(); rec != nil {
+		for _, e := range rec.Escaped {
+			_ = proc.Signal(proc.Identity{PID: e.PID, Start: e.Start}, unix.SIGKILL)
+		}
+		if rec.WrapperPID > 1 && rec.WrapperPID != os.Getpid() {
+			_ = proc.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGKILL)
+		}
+	}
+}
+
+// Cmd is an agent-wrap process started by a test.
+type Cmd struct {
+	*exec.Cmd
+	Stdout, Stderr bytes.Buffer
+	done           chan struct{}
+	err            error
+}
+
+// Start starts the binary with args and AGENT_WRAP_ROOT=root, in its own
+// process group (so a test can signal it without signalling itself), and
+// registers cleanup that kills it by PID.
+func Start(t testing.TB, root string, args ...string) *Cmd {
+	t.Helper()
+	c := &Cmd{Cmd: exec.Command(Binary(t), args...), done: make(chan struct{})}
+	c.Env = append(os.Environ(), "AGENT_WRAP_ROOT="+root)
+	c.Cmd.Stdout, c.Cmd.Stderr = &c.Stdout, &c.Stderr
+	c.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
+	if err := c.Cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.err = c.Cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-c.done:
+		default:
+			_ = c.Process.Kill()
+			<-c.done
+		}
+	})
+	return c
+}
+
+// Wait waits (with Patience) for the process and returns its exit code.
+func (c *Cmd) Wait(t testing.TB) int {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(Patience):
+		t.Fatalf("%v did not exit within %v\nstderr: %s", c.Args, Patience, c.Stderr.String())
+	}
+	return c.ProcessState.ExitCode()
+}
+
+// Exited reports whether the process has exited.
+func (c *Cmd) Exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Exec runs the binary to completion and returns its exit code, stdout and
+// stderr.
+func Exec(t testing.TB, root string, args ...string) (int, string, string) {
+	t.Helper()
+	c := Start(t, root, args...)
+	code := c.Wait(t)
+	return code, c.Stdout.String(), c.Stderr.String()
+}
+
+// NewRoot returns a fresh run root in a test temp dir.
+func NewRoot(t testing.TB) string {
+	return filepath.Join(t.TempDir(), "runs")
+}
+
+// JSON decodes one JSON object.
+func JSON(t testing.TB, s string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, s)
+	}
+	return m
+}
