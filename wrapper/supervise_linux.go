@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -203,6 +204,10 @@ func (s *supervisor) launch() (int, error) {
 		return ExitLaunchFailed, fmt.Errorf("open stderr.log: %w", err)
 	}
 	defer errf.Close()
+
+	// The job gets exactly fds 0, 1 and 2: whatever the wrapper inherited
+	// without close-on-exec (from sshd, a shell, a CI runner) stops here.
+	closeOnExecFrom(3)
 
 	// Setsid alone: with Setpgid as well, setpgid after setsid fails.
 	attr := &syscall.ProcAttr{
@@ -751,4 +756,24 @@ func (s *supervisor) journal(event string, f journal.Fields, sync bool) {
 
 func (s *supervisor) warn(format string, a ...any) {
 	fmt.Fprintf(s.diag, "agent-wrap: run %s: "+format+"\n", append([]any{s.cfg.ID}, a...)...)
+}
+
+// closeOnExecFrom marks every descriptor from lowfd up close-on-exec:
+// close_range(CLOSE_RANGE_CLOEXEC) on Linux 5.11 and later, else one fcntl
+// per descriptor listed in /proc/self/fd.
+func closeOnExecFrom(lowfd int) {
+	if err := unix.CloseRange(uint(lowfd), math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err == nil {
+		return
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd < lowfd {
+			continue
+		}
+		_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC)
+	}
 }
