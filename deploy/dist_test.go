@@ -164,14 +164,32 @@ func TestDeployLoopback(t *testing.T) {
 	if want := " /usr/local/bin/agent-wrap --root " + runs + " watchdog --once "; err != nil || !bytes.Contains(cron, []byte(want)) {
 		t.Errorf("cron.d file (%v):\n%s\nwant a line with %q", err, cron, want)
 	}
-	// The temporary copy is gone.
-	if left, _ := filepath.Glob("/tmp/agent-wrap.??????"); len(left) > 0 {
-		for _, l := range left {
-			if b, err := os.ReadFile(l); err == nil && bytes.Equal(b, sent) {
-				t.Errorf("temporary copy left behind: %s", l)
+	noCopyLeft(t, sent)
+
+	// Failures name their cause, and leave no copy behind.
+	t.Run("refusals", func(t *testing.T) {
+		bad := t.TempDir()
+		if err := os.WriteFile(filepath.Join(bad, "agent-wrap-linux-amd64"), append(sent, 0), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		sums, _ := os.ReadFile(filepath.Join(d, "SHA256SUMS"))
+		if err := os.WriteFile(filepath.Join(bad, "SHA256SUMS"), sums, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct{ name, dist, runRoot, want string }{
+			{"no-build", t.TempDir(), runs, " failed: no amd64 build: "},
+			{"checksum-mismatch", bad, runs, "agent-wrap-linux-amd64 does not match its SHA256SUMS entry"},
+			{"remote-install-refuses", d, "/tmp/my runs", ` failed: install: agent-wrap: install: run root "/tmp/my runs": must be a clean absolute path`},
+		} {
+			args := append([]string{"deploy"}, s.SSHArgs()...)
+			args = append(args, "--dist", tc.dist, "--cron", "--dest-root", dest, "--run-root", tc.runRoot, s.Destination())
+			out, errOut, code := run(t, workstation, args...)
+			if code != 1 || !strings.HasPrefix(out, s.Destination()+" failed: ") || !strings.Contains(out, tc.want) || strings.Count(out, "\n") != 1 {
+				t.Errorf("%s: exit %d, stdout %q; want 1 and one line with %q\nstderr: %s", tc.name, code, out, tc.want, errOut)
 			}
 		}
-	}
+		noCopyLeft(t, sent)
+	})
 
 	// A job over ssh through the deployed copy.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -196,6 +214,18 @@ func TestDeployLoopback(t *testing.T) {
 	}
 	if err != nil || st.State != "finished" || st.ExitCode == nil || *st.ExitCode != 0 {
 		t.Errorf("status.json (%v): %s; want finished with exit_code 0", err, b)
+	}
+}
+
+// noCopyLeft fails the test if a copy of bin is left in /tmp by deploy
+// (the host is this machine, and the login's TMPDIR is unset).
+func noCopyLeft(t *testing.T, bin []byte) {
+	t.Helper()
+	left, _ := filepath.Glob("/tmp/agent-wrap.??????")
+	for _, l := range left {
+		if b, err := os.ReadFile(l); err == nil && bytes.Equal(b, bin) {
+			t.Errorf("temporary copy left behind: %s", l)
+		}
 	}
 }
 
