@@ -97,6 +97,11 @@ func runInstall(e *Env, args []string) int {
 		e.errorf("install: %v", err)
 		return ExitUsage
 	}
+	if plan.Method == deploy.Cron && !plan.User && *destRoot == "" {
+		if _, err := os.Stat("/etc/cron.d"); err != nil {
+			e.hint("/etc/cron.d does not exist: is cron installed? (e.g. apt-get install cron)")
+		}
+	}
 	changed, err := plan.Apply(e.Stdout, *destRoot, *dryRun)
 	if err != nil {
 		e.errorf("install: %v", err)

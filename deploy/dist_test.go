@@ -191,6 +191,19 @@ func TestDeployLoopback(t *testing.T) {
 		noCopyLeft(t, sent)
 	})
 
+	// Where the host's install cannot start the watchdog itself (here:
+	// systemd not running, and --dest-root), the line says what to run there.
+	t.Run("systemd-next", func(t *testing.T) {
+		args := append([]string{"deploy"}, s.SSHArgs()...)
+		args = append(args, "--dist", d, "--systemd", "--dest-root", t.TempDir(), "--run-root", runs, s.Destination())
+		out, errOut, code := run(t, workstation, args...)
+		want := s.Destination() + " ok: linux/amd64, 4 of 4 files changed; to do there: " +
+			"systemctl daemon-reload && systemctl enable agent-wrap-watchdog.service && systemctl restart agent-wrap-watchdog.service\n"
+		if code != 0 || out != want {
+			t.Errorf("exit %d, stdout %q, want 0 and %q\nstderr: %s", code, out, want, errOut)
+		}
+	})
+
 	// A job over ssh through the deployed copy.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

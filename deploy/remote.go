@@ -36,11 +36,13 @@ type Remote struct {
 // Result is what happened on one host.
 type Result struct {
 	Host    string
-	Arch    string // GOARCH of the build sent, once known
-	Changed int    // files the remote install changed
-	Files   int    // files the remote install reported
-	Output  string // the remote install's output
-	Err     error  // nil: installed
+	Arch    string   // GOARCH of the build sent, once known
+	Changed int      // files the remote install changed
+	Files   int      // files the remote install reported
+	Output  string   // the remote install's output
+	Ran     bool     // the remote install started the watchdog itself
+	Next    []string // commands the remote install left for the operator
+	Err     error    // nil: installed
 }
 
 // String is the one line the deploy command prints for the host.
@@ -51,6 +53,12 @@ func (r Result) String() string {
 	what := fmt.Sprintf("%d of %d files changed", r.Changed, r.Files)
 	if r.Changed == 0 {
 		what = "unchanged"
+	}
+	if r.Ran {
+		what += ", watchdog (re)started"
+	}
+	if len(r.Next) > 0 {
+		what += "; to do there: " + strings.Join(r.Next, "; ")
 	}
 	return fmt.Sprintf("%s ok: linux/%s, %s", r.Host, r.Arch, what)
 }
@@ -79,9 +87,11 @@ func (r *Remote) Deploy(ctx context.Context, host string) (res Result) {
 		res.Err = err
 		return res
 	}
-	f := strings.Fields(string(out))
+	// The last line: a login shell's startup files may print before it.
+	uname := lastLine(string(out))
+	f := strings.Fields(uname)
 	if len(f) != 2 || f[0] != "Linux" {
-		res.Err = fmt.Errorf("not a Linux host: uname -sm says %q", strings.TrimSpace(string(out)))
+		res.Err = fmt.Errorf("not a Linux host: uname -sm says %q", uname)
 		return res
 	}
 	arch, ok := goarch[f[1]]
@@ -105,7 +115,7 @@ func (r *Remote) Deploy(ctx context.Context, host string) (res Result) {
 		res.Err = fmt.Errorf("copy: %w", err)
 		return res
 	}
-	tmp := strings.TrimSpace(string(out))
+	tmp := lastLine(string(out))
 	if !strings.HasPrefix(tmp, "/") || strings.ContainsAny(tmp, " \t\n'\"\\$`;&|<>") {
 		res.Err = fmt.Errorf("copy: unexpected temporary path %q", tmp)
 		return res
@@ -118,7 +128,16 @@ func (r *Remote) Deploy(ctx context.Context, host string) (res Result) {
 	res.Output = string(out)
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
-		verb, _, ok := strings.Cut(sc.Text(), ": /")
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "next: "); ok {
+			res.Next = append(res.Next, rest)
+			continue
+		}
+		if strings.HasPrefix(line, "ran: ") {
+			res.Ran = true
+			continue
+		}
+		verb, _, ok := strings.Cut(line, ": /")
 		switch {
 		case !ok:
 		case verb == "unchanged":
