@@ -97,10 +97,38 @@ func runInstall(e *Env, args []string) int {
 		e.errorf("install: %v", err)
 		return ExitUsage
 	}
+
+	// The watchdog refuses an unsafe run root, once a minute, forever:
+	// refuse it now instead. A missing one is created (0700), so a watchdog
+	// started before the first run has a root to open.
+	rootCreated := false
+	if _, err := os.Lstat(o.RunRoot); err == nil || *dryRun || *destRoot != "" {
+		if err == nil {
+			r, err := rundir.OpenRoot(o.RunRoot, false)
+			if err != nil {
+				e.errorf("install: %v", err)
+				e.hint("the watchdog would refuse this run root; fix it (a directory of yours, mode 0700) or choose another with --root")
+				return ExitUnsafeRoot
+			}
+			r.Close()
+		}
+	} else {
+		r, err := rundir.OpenRoot(o.RunRoot, true)
+		if err != nil {
+			e.errorf("install: %v", err)
+			return ExitFailure
+		}
+		r.Close()
+		rootCreated = true
+	}
+
 	if plan.Method == deploy.Cron && !plan.User && *destRoot == "" {
 		if _, err := os.Stat("/etc/cron.d"); err != nil {
 			e.hint("/etc/cron.d does not exist: is cron installed? (e.g. apt-get install cron)")
 		}
+	}
+	if rootCreated {
+		fmt.Fprintf(e.Stdout, "created: %s\n", o.RunRoot)
 	}
 	changed, err := plan.Apply(e.Stdout, *destRoot, *dryRun)
 	if err != nil {
@@ -109,6 +137,9 @@ func runInstall(e *Env, args []string) int {
 			e.hint("a system install needs root; run it as root, or pass --user")
 		}
 		return ExitFailure
+	}
+	if rootCreated {
+		changed++
 	}
 	if changed == 0 {
 		fmt.Fprintln(e.Stdout, "nothing changed")
