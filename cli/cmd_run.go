@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
 	"github.com/agent-wrap/agent-wrap/wrapper"
 )
 
@@ -166,17 +166,5 @@ func (e *Env) existingRun(root *rundir.Root, id string) int {
 }
 
 // WrapperAlive reports whether the record's wrapper is still the live
-// process it recorded: same boot, same PID, same start time, not a zombie.
-func WrapperAlive(rec *statusfile.Record) bool {
-	if rec.WrapperPID <= 1 {
-		return false
-	}
-	if boot, err := proc.BootID(); err != nil || boot != rec.BootID {
-		return false
-	}
-	st, err := proc.ReadStat(rec.WrapperPID)
-	if err != nil || st.Dead() {
-		return false
-	}
-	return rec.WrapperStart == 0 || st.Start == rec.WrapperStart
-}
+// process it recorded (see stop.WrapperAlive).
+func WrapperAlive(rec *statusfile.Record) bool { return stop.WrapperAlive(rec) }

@@ -307,3 +307,24 @@ func (r *Root) RemoveAll(id string) error {
 
 // IsUnsafe reports whether err is a safety refusal.
 func IsUnsafe(err error) bool { return errors.Is(err, ErrUnsafe) }
+
+// ErrLocked is returned by Root.TryLock when another process holds the lock.
+var ErrLocked = errors.New("locked by another process")
+
+// TryLock takes an exclusive, non-blocking flock on the root-level file
+// name (a dot-file, so it is never listed as a run), e.g. the watchdog's
+// one-instance-per-root lock. ErrLocked means someone else holds it.
+func (r *Root) TryLock(name string) (unlock func(), err error) {
+	fd, err := unix.Openat(r.fd, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: filepath.Join(r.Path, name), Err: err}
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if err == unix.EWOULDBLOCK {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(r.Path, name), ErrLocked)
+		}
+		return nil, &os.PathError{Op: "flock", Path: filepath.Join(r.Path, name), Err: err}
+	}
+	return func() { unix.Close(fd) }, nil
+}

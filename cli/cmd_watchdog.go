@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/signal"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/deploy"
+	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+func init() {
+	register(&command{name: "watchdog", summary: "stop runs whose lease expired after their wrapper died: watchdog [--once] [--interval D]", run: runWatchdog})
+}
+
+// runWatchdog holds the root's watchdog lock (one instance per root) and
+// makes a pass over every run, once (cron) or every --interval (systemd,
+// with READY and WATCHDOG notifications when NOTIFY_SOCKET is set). Each
+// action is one JSON line on stdout.
+func runWatchdog(e *Env, args []string) int {
+	fs := e.flags("watchdog")
+	once := fs.Bool("once", false, "make one pass and exit (for cron)")
+	interval := durationValue(5 * time.Second)
+	fs.Var(&interval, "interval", "time `D` between passes when not --once")
+	var grace durationValue
+	fs.Var(&grace, "grace", "time `D` between TERM and KILL (default: each run's own grace)")
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 0 {
+		return e.usageError("watchdog takes no arguments")
+	}
+	if !*once && interval <= 0 {
+		return e.usageError("--interval must be positive")
+	}
+	root, code := e.openRoot(true)
+	if root == nil {
+		return code
+	}
+	defer root.Close()
+	unlock, err := root.TryLock(lease.WatchdogLock)
+	if err != nil {
+		if errors.Is(err, rundir.ErrLocked) {
+			e.errorf("another watchdog is running for %s", root.Path)
+			if *once {
+				return ExitOK // overlapping cron passes are normal; the other one does the work
+			}
+			return ExitFailure
+		}
+		e.errorf("%v", err)
+		return ExitFailure
+	}
+	defer unlock()
+
+	enc := json.NewEncoder(e.Stdout)
+	pass := func() {
+		acts, err := lease.Pass(root, lease.WatchOptions{Grace: time.Duration(grace)})
+		if err != nil {
+			e.errorf("watchdog pass over %s: %v", root.Path, err)
+		}
+		for _, a := range acts {
+			enc.Encode(a)
+		}
+	}
+	if *once {
+		pass()
+		return ExitOK
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigs)
+	every := time.Duration(interval)
+	if wd := deploy.WatchdogInterval(); wd > 0 && wd/2 < every {
+		every = wd / 2 // keep petting systemd's watchdog in time
+	}
+	deploy.Notify("READY=1")
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		pass()
+		deploy.Notify("WATCHDOG=1")
+		select {
+		case <-sigs:
+			deploy.Notify("STOPPING=1")
+			return ExitOK
+		case <-e.Ctx.Done():
+			return ExitOK
+		case <-t.C:
+		}
+	}
+}

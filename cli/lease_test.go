@@ -1,0 +1,345 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+func aw(t *testing.T, root string, args ...string) (int, string, string) {
+	t.Helper()
+	return runtest.Exec(t, root, args...)
+}
+
+func seqOf(es []journal.Entry, event string) int64 {
+	for _, e := range es {
+		if e.Event == event {
+			return e.Seq
+		}
+	}
+	return -1
+}
+
+// A 2 s lease renewed every second lives on; once renewals stop, the
+// wrapper stops it within lease + 2 s (cause lease, exit 124), and a renewal
+// afterwards is refused while the job stays dead.
+func TestLeaseRenewThenExpire(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "l1", "--lease", "2s", "l1", "--", "sh", "-c", "sleep 300 & wait")
+	rec := r.WaitState(t, statusfile.Running)
+	start := time.Now()
+	for time.Since(start) < 6*time.Second {
+		if code, _, stderr := aw(t, root, "renew", "l1"); code != 0 {
+			t.Fatalf("renew: exit %d: %s", code, stderr)
+		}
+		time.Sleep(time.Second) // the controller's renewal period, not synchronisation
+	}
+	if c.Exited() || !runtest.Alive(rec.PID) {
+		t.Fatalf("run stopped although renewed: %v", r.Status())
+	}
+	stopped := time.Now()
+	code := c.Wait(t)
+	took := time.Since(stopped)
+	if code != 124 {
+		t.Fatalf("exit %d, want 124\n%s", code, c.Stderr.String())
+	}
+	if took > 2*time.Second+2*time.Second { // renew lease 2s, rounded up to a whole second, + 2s
+		t.Errorf("stopped %v after the last renewal, want within lease + 2 s", took)
+	}
+	r.AssertGroupEmpty(t)
+	rec = r.MustStatus(t)
+	if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseLease || rec.Code() != 124 {
+		t.Fatalf("state %s cause %s code %d", rec.State, rec.Cause, rec.Code())
+	}
+	es := r.Journal(t)
+	if exp, sig := seqOf(es, "deadline_expired"), seqOf(es, "signal_sent"); exp < 0 || exp > sig {
+		t.Fatalf("deadline_expired (%d) must precede signal_sent (%d)", exp, sig)
+	}
+	code, _, stderr := aw(t, root, "renew", "l1")
+	if code != 1 || !strings.Contains(stderr, "cancelled") {
+		t.Fatalf("renew after expiry: exit %d: %s", code, stderr)
+	}
+	r.AssertGroupEmpty(t)
+}
+
+// SIGKILL the wrapper of a leased run: the job lives on; past the deadline
+// `watchdog --once` stops the group, with deadline_expired journaled before
+// the first signal, and the run is cancelled.
+func TestWatchdogStopsOrphanedRun(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "orphan", "--lease", "2s", "--grace", "2s", "orphan", "--", "sh", "-c", "sleep 300 & wait")
+	rec := r.WaitState(t, statusfile.Running)
+	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
+	unix.Kill(rec.WrapperPID, unix.SIGKILL)
+	c.Wait(t)
+	dl, _ := strconv.ParseInt(strings.TrimSpace(r.File("deadline_epoch")), 10, 64)
+	// Before the deadline the watchdog leaves it alone.
+	if code, out, _ := aw(t, root, "watchdog", "--once"); code != 0 || out != "" {
+		t.Fatalf("watchdog before the deadline: exit %d, %q", code, out)
+	}
+	if len(runtest.Members(rec.PGID)) != 2 {
+		t.Fatal("the job did not outlive its wrapper")
+	}
+	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(time.Unix(dl, 0)) })
+	code, out, stderr := aw(t, root, "watchdog", "--once")
+	if code != 0 {
+		t.Fatalf("watchdog: exit %d: %s", code, stderr)
+	}
+	var act lease.Action
+	if err := json.Unmarshal([]byte(out), &act); err != nil || act.Action != "stopped" || act.RunID != "orphan" {
+		t.Fatalf("watchdog output %q (%v)", out, err)
+	}
+	r.AssertGroupEmpty(t)
+	rec = r.MustStatus(t)
+	if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseLease || rec.Code() != 124 {
+		t.Fatalf("state %s cause %s code %d", rec.State, rec.Cause, rec.Code())
+	}
+	es := r.Journal(t)
+	if exp, sig := seqOf(es, "deadline_expired"), seqOf(es, "signal_sent"); exp < 0 || exp > sig {
+		t.Fatalf("deadline_expired (%d) must precede signal_sent (%d)", exp, sig)
+	}
+	if code, _, _ := aw(t, root, "verify", "orphan"); code != 0 {
+		t.Fatal("journal does not verify")
+	}
+}
+
+// cancel of a run whose wrapper is alive, and of one whose wrapper was
+// SIGKILLed: both confirmed cancelled (exit 0), no member alive.
+func TestCancelBothWays(t *testing.T) {
+	root := runtest.NewRoot(t)
+	ca, a := startRun(t, root, "alive", "alive", "--", "sh", "-c", "sleep 300 & sleep 300 & wait")
+	cb, b := startRun(t, root, "dead", "--grace", "1s", "dead", "--", "sh", "-c", "trap '' TERM; sleep 300 & wait")
+	ra := a.WaitState(t, statusfile.Running)
+	rb := b.WaitState(t, statusfile.Running)
+	runtest.Eventually(t, "groups populated", func() bool {
+		return len(runtest.Members(ra.PGID)) == 3 && len(runtest.Members(rb.PGID)) == 2
+	})
+	unix.Kill(rb.WrapperPID, unix.SIGKILL)
+	cb.Wait(t)
+
+	code, out, stderr := aw(t, root, "cancel", "alive")
+	if code != 0 || !strings.Contains(out, "cancelled (cause cancel)") {
+		t.Fatalf("cancel alive: exit %d\n%s%s", code, out, stderr)
+	}
+	if code := ca.Wait(t); code != 143 {
+		t.Fatalf("the run's own exit: %d, want 143", code)
+	}
+	a.AssertGroupEmpty(t)
+
+	code, out, stderr = aw(t, root, "cancel", "dead")
+	if code != 0 || !strings.Contains(out, "cancelled (cause cancel)") {
+		t.Fatalf("cancel dead: exit %d\n%s%s", code, out, stderr)
+	}
+	b.AssertGroupEmpty(t)
+	for _, r := range []runtest.Run{a, b} {
+		rec := r.MustStatus(t)
+		if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseCancel || rec.Code() != 143 || len(rec.Survivors) != 0 {
+			t.Fatalf("%s: state %s cause %s code %d survivors %v", r.ID, rec.State, rec.Cause, rec.Code(), rec.Survivors)
+		}
+		es := r.Journal(t)
+		if req, sig := seqOf(es, "cancel_requested"), seqOf(es, "signal_sent"); req < 0 || req > sig {
+			t.Fatalf("%s: cancel_requested (%d) must precede signal_sent (%d)", r.ID, req, sig)
+		}
+	}
+	// Already terminal: print it, do nothing, exit 0.
+	if code, out, _ := aw(t, root, "cancel", "dead"); code != 0 || !strings.Contains(out, "already cancelled") {
+		t.Fatalf("second cancel: exit %d %q", code, out)
+	}
+	if code, _, _ := aw(t, root, "cancel", "nosuch"); code != 66 {
+		t.Fatalf("cancel of no run: exit %d, want 66", code)
+	}
+}
+
+// Simulated PID reuse: a run's pid, pgid and record point at an unrelated
+// live process of the same user in its own session. cancel and watchdog
+// leave it (and its child) alive and say why.
+func TestPIDReuseLeftAlone(t *testing.T) {
+	root := runtest.NewRoot(t)
+	// The unrelated process: its own session, with a child in its group.
+	other := exec.Command("setsid", "sh", "-c", "sleep 300 & wait")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unix.Kill(-other.Process.Pid, unix.SIGKILL)
+		other.Wait()
+	})
+	var st proc.Stat
+	runtest.Eventually(t, "the unrelated process in its own session with a child", func() bool {
+		var err error
+		st, err = proc.ReadStat(other.Process.Pid)
+		return err == nil && st.SID == st.PID && len(runtest.Members(st.PID)) == 2
+	})
+	before := runtest.Members(st.PID)
+	boot, _ := proc.BootID()
+	// A finished wrapper: a process that has exited and been reaped.
+	gone := exec.Command("true")
+	gone.Run()
+	for _, id := range []string{"reused1", "reused2"} {
+		dir := filepath.Join(root, id)
+		os.MkdirAll(dir, 0o700)
+		os.Chmod(root, 0o700)
+		rec := &statusfile.Record{Schema: 1, RunID: id, State: statusfile.Running, PID: st.PID, PGID: st.PID, SID: st.PID,
+			LeaderStart: st.Start - 1, // the recorded leader started earlier: this is another process
+			WrapperPID:  gone.Process.Pid, WrapperStart: 1, BootID: boot, Command: []string{"sleep", "300"},
+			CreatedAt: statusfile.Timestamp(time.Now()), LeaseSeconds: 1, GraceSeconds: 1}
+		b, _ := statusfile.Marshal(rec)
+		os.WriteFile(filepath.Join(dir, "status.json"), b, 0o600)
+		os.WriteFile(filepath.Join(dir, "pid"), []byte(fmt.Sprintf("%d\n", st.PID)), 0o600)
+		os.WriteFile(filepath.Join(dir, "pgid"), []byte(fmt.Sprintf("%d\n", st.PID)), 0o600)
+		os.WriteFile(filepath.Join(dir, "deadline_epoch"), lease.FormatDeadline(time.Now().Add(-time.Minute).Unix()), 0o600)
+	}
+	_, _, stderr := aw(t, root, "cancel", "reused1")
+	if !strings.Contains(stderr, "PID reused") {
+		t.Errorf("cancel did not say why it left pid %d alone: %s", st.PID, stderr)
+	}
+	code, out, _ := aw(t, root, "watchdog", "--once")
+	if code != 0 || !strings.Contains(out, "PID reused") {
+		t.Errorf("watchdog did not say why it left pid %d alone: exit %d %s", st.PID, code, out)
+	}
+	for _, p := range before {
+		if !runtest.AliveAs(p.PID, p.Start) {
+			t.Fatalf("unrelated process %d was killed", p.PID)
+		}
+	}
+	for _, id := range []string{"reused1", "reused2"} {
+		r := runtest.Run{Root: root, ID: id}
+		found := false
+		for _, e := range r.Journal(t) {
+			found = found || e.Event == "signal_refused"
+			if e.Event == "signal_sent" {
+				t.Fatalf("%s: a signal was sent: %v", id, e.Fields)
+			}
+		}
+		if !found {
+			t.Errorf("%s: no signal_refused in the journal: %v", id, r.Events(t))
+		}
+	}
+}
+
+// 50 renewals racing a watchdog loop across the deadline: no renewal
+// succeeds after deadline_expired is journaled, and every renewal that
+// reported success is in the journal.
+func TestRenewRacesWatchdog(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "race", "--lease", "2s", "--grace", "1s", "race", "--", "sleep", "300")
+	rec := r.WaitState(t, statusfile.Running)
+	unix.Kill(rec.WrapperPID, unix.SIGKILL) // the watchdog, not the wrapper, must expire it
+	c.Wait(t)
+	wd := runtest.Start(t, root, "watchdog", "--interval", "0.05s")
+	t.Cleanup(func() { wd.Process.Signal(unix.SIGTERM); wd.Wait(t) })
+
+	bin := runtest.Binary(t)
+	var mu sync.Mutex
+	ok := 0
+	renew := func() {
+		cmd := exec.Command(bin, "--root", root, "renew", "--lease", "1s", "race")
+		if cmd.Run() == nil {
+			mu.Lock()
+			ok++
+			mu.Unlock()
+		}
+	}
+	// 25 renewals keep the lease alive; then they stop until just before the
+	// deadline they left, and 25 more arrive concurrently across it, racing
+	// the watchdog's expiry. Whichever wins each time, the journal must show
+	// every success and none after the expiry.
+	for i := 0; i < 25; i++ {
+		renew()
+	}
+	dl, _ := strconv.ParseInt(strings.TrimSpace(r.File("deadline_epoch")), 10, 64)
+	for time.Until(time.Unix(dl, 0)) > 50*time.Millisecond {
+		time.Sleep(time.Until(time.Unix(dl, 0)) - 50*time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 25; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * 20 * time.Millisecond)
+			renew()
+		}()
+	}
+	wg.Wait()
+	runtest.Eventually(t, "the watchdog to stop the run", func() bool {
+		s := r.Status()
+		return s != nil && statusfile.Terminal(s.State)
+	})
+	r.AssertGroupEmpty(t)
+	es := r.Journal(t)
+	exp := seqOf(es, "deadline_expired")
+	if exp < 0 {
+		t.Fatalf("no deadline_expired: %v", r.Events(t))
+	}
+	renewed := 0
+	for _, e := range es {
+		if e.Event == "lease_renewed" {
+			renewed++
+			if e.Seq > exp {
+				t.Fatalf("lease_renewed at seq %d after deadline_expired at %d", e.Seq, exp)
+			}
+		}
+	}
+	if renewed != ok {
+		t.Fatalf("%d renewals reported success, %d journaled", ok, renewed)
+	}
+	t.Logf("%d of 50 renewals succeeded before the expiry", ok)
+}
+
+// watchdog --once over a root with a corrupt status.json and a missing
+// deadline file: exit 0, both reported, and the healthy expired run is
+// still stopped.
+func TestWatchdogSkipsBrokenRuns(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "healthy", "--lease", "1s", "--grace", "1s", "healthy", "--", "sleep", "300")
+	rec := r.WaitState(t, statusfile.Running)
+	unix.Kill(rec.WrapperPID, unix.SIGKILL)
+	c.Wait(t)
+	c2, r2 := startRun(t, root, "nodeadline", "--lease", "1s", "nodeadline", "--", "sleep", "300")
+	rec2 := r2.WaitState(t, statusfile.Running)
+	unix.Kill(rec2.WrapperPID, unix.SIGKILL)
+	c2.Wait(t)
+	os.Remove(filepath.Join(r2.Dir(), "deadline_epoch"))
+	bad := filepath.Join(root, "corrupt")
+	os.Mkdir(bad, 0o700)
+	os.WriteFile(filepath.Join(bad, "status.json"), []byte(`{"schema":1,"run_id":"corr`), 0o600)
+	os.WriteFile(filepath.Join(bad, "deadline_epoch"), []byte("1\n"), 0o600)
+
+	dl, _ := strconv.ParseInt(strings.TrimSpace(r.File("deadline_epoch")), 10, 64)
+	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(time.Unix(dl, 0)) })
+	code, out, stderr := aw(t, root, "watchdog", "--once")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	acts := map[string]lease.Action{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var a lease.Action
+		if err := json.Unmarshal([]byte(line), &a); err != nil {
+			t.Fatalf("not a JSON line: %q", line)
+		}
+		acts[a.RunID] = a
+	}
+	if acts["healthy"].Action != "stopped" || acts["corrupt"].Action != "skipped" || acts["nodeadline"].Action != "skipped" {
+		t.Fatalf("actions: %s", out)
+	}
+	r.AssertGroupEmpty(t)
+	// The run without a deadline is left running: no deadline, no expiry.
+	if len(runtest.Members(rec2.PGID)) != 1 {
+		t.Fatal("the run with no deadline file was touched")
+	}
+}

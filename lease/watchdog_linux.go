@@ -1,0 +1,121 @@
+package lease
+
+import (
+	"errors"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
+)
+
+// ActAfter is how long past a deadline a live wrapper has to act on it
+// before the watchdog stops the run itself. The wrapper's own timer fires at
+// the deadline; this covers a wrapper that is stopped (SIGSTOP), wedged or
+// starved.
+const ActAfter = 3 * time.Second
+
+// WatchdogLock is the root-level lock file that keeps one watchdog per root.
+const WatchdogLock = ".watchdog.lock"
+
+// Action is one thing a watchdog pass did or could not do, printed as one
+// JSON line. Healthy runs produce no action.
+type Action struct {
+	RunID     string   `json:"run_id"`
+	Action    string   `json:"action"` // stopped, refused, skipped
+	Reason    string   `json:"reason"`
+	Deadline  int64    `json:"deadline_epoch,omitempty"`
+	State     string   `json:"state,omitempty"`
+	Cause     string   `json:"cause,omitempty"`
+	ExitCode  *int     `json:"exit_code,omitempty"`
+	Signalled []int    `json:"signalled,omitempty"`
+	Survivors []int    `json:"survivors,omitempty"`
+	Rejected  []string `json:"rejected,omitempty"`
+}
+
+// WatchOptions configure a pass.
+type WatchOptions struct {
+	Grace time.Duration // 0: each run's own grace_seconds
+	Now   func() time.Time
+}
+
+// Pass looks at every run under root once and stops each whose deadline has
+// passed and whose wrapper is dead, or alive but has not acted within
+// ActAfter. A run that cannot be read is reported and skipped; a pass never
+// stops on one bad run.
+func Pass(root *rundir.Root, o WatchOptions) ([]Action, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	ids, err := root.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []Action
+	for _, id := range ids {
+		if a := check(root, id, o); a != nil {
+			out = append(out, *a)
+		}
+	}
+	return out, nil
+}
+
+func check(root *rundir.Root, id string, o WatchOptions) *Action {
+	d, err := root.Open(id)
+	if err != nil {
+		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}
+	}
+	defer d.Close()
+	// Cheap checks first: most runs are terminal or within their lease, and
+	// those cost one read of deadline_epoch (absent once gc'd or leaseless).
+	dl, derr := ReadDeadline(d)
+	if derr != nil && !errors.Is(derr, ErrNoDeadline) {
+		return &Action{RunID: id, Action: "skipped", Reason: derr.Error()}
+	}
+	now := o.Now()
+	if derr == nil && now.Before(time.Unix(dl, 0)) {
+		return nil
+	}
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}
+	}
+	if statusfile.Terminal(rec.State) {
+		return nil
+	}
+	if errors.Is(derr, ErrNoDeadline) {
+		if rec.LeaseSeconds > 0 && rec.State != statusfile.Starting {
+			return &Action{RunID: id, Action: "skipped", State: rec.State, Reason: "the run has a lease but no deadline_epoch file; not stopping it without a deadline"}
+		}
+		return nil // no lease: nothing for the watchdog to enforce
+	}
+	alive := stop.WrapperAlive(rec)
+	if alive && (rec.State == statusfile.Cancelling || now.Before(time.Unix(dl, 0).Add(ActAfter))) {
+		return nil // the wrapper is on it
+	}
+	reason := "lease expired and the wrapper is gone"
+	if alive {
+		reason = "lease expired and the wrapper has not acted within " + ActAfter.String()
+	}
+	grace := o.Grace
+	if grace <= 0 {
+		grace = time.Duration(rec.GraceSeconds * float64(time.Second))
+	}
+	rep, err := stop.Outside(d, stop.Options{
+		Grace:  grace,
+		Cause:  statusfile.CauseLease,
+		Intent: "deadline_expired",
+		By:     "watchdog",
+		Fields: journal.Fields{"deadline_epoch": dl},
+	})
+	if err != nil {
+		return &Action{RunID: id, Action: "refused", Deadline: dl, State: rec.State, Reason: err.Error()}
+	}
+	if rep.Already {
+		return nil
+	}
+	a := &Action{RunID: id, Action: "stopped", Reason: reason, Deadline: dl, State: rep.Record.State, Cause: rep.Record.Cause,
+		ExitCode: rep.Record.ExitCode, Signalled: rep.Signalled, Survivors: rep.Record.Survivors, Rejected: rep.Rejected}
+	return a
+}
