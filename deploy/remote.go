@@ -22,8 +22,9 @@ type Remote struct {
 	SSH string
 	// SSHArgs go before the host on every ssh command line (e.g. "-o",
 	// "Port=2222"). They come first, so they win over the defaults Remote
-	// adds (BatchMode=yes, ConnectTimeout=10): ssh keeps the first value
-	// it is given for an option.
+	// adds (BatchMode=yes, ConnectTimeout=10, ServerAliveInterval=15,
+	// ServerAliveCountMax=4): ssh keeps the first value it is given for an
+	// option.
 	SSHArgs []string
 	// Dist is the directory holding agent-wrap-linux-amd64 and
 	// agent-wrap-linux-arm64 (what `make dist` builds) and, optionally,
@@ -192,7 +193,10 @@ func (r *Remote) ssh(ctx context.Context, host string, stdin []byte, remote stri
 		prog = "ssh"
 	}
 	args := append([]string{}, r.SSHArgs...)
-	args = append(args, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", host, remote)
+	// Never prompt; give up on a host that does not answer, or stops
+	// answering mid-copy, so one bad host cannot hold up the rest.
+	args = append(args, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+		"-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "--", host, remote)
 	cmd := exec.CommandContext(ctx, prog, args...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
