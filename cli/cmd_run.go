@@ -48,6 +48,7 @@ type runFlags struct {
 	detach       bool
 	noStream     bool
 	onHangup     string
+	detachFD     int // set only in the supervisor that --detach starts (detach.go)
 }
 
 func runRun(e *Env, args []string) int {
@@ -58,6 +59,8 @@ func runRun(e *Env, args []string) int {
 	fs.BoolVar(&rf.detach, "detach", false, "return once the run is running, printing its record; the supervisor lives on")
 	fs.BoolVar(&rf.noStream, "no-stream", false, "do not copy the job's logs to this command's stdout and stderr")
 	fs.StringVar(&rf.onHangup, "on-hangup", wrapper.HangupCancel, "on SIGHUP: cancel or ignore")
+	fs.IntVar(&rf.detachFD, "detach-fd", 0, "internal: write the running record to `FD` (the --detach supervisor)")
+	_ = fs.MarkHidden("detach-fd")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -105,6 +108,9 @@ func runRun(e *Env, args []string) int {
 	}
 	if f, ok := e.Stdin.(*os.File); ok {
 		cfg.Stdin = f
+	}
+	if rf.detachFD > 2 {
+		cfg.Running = detachedRunning(rf.detachFD)
 	}
 	res, err := wrapper.Run(cfg)
 	if err != nil {

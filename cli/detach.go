@@ -1,0 +1,158 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// run --detach: the caller starts a second agent-wrap, the supervisor, as
+//
+//	agent-wrap --root ROOT run --no-stream --lease L --grace G --on-hangup H --detach-fd 3 ID -- CMD...
+//
+// in a session of its own (setsid), stdin and stdout on /dev/null, stderr a
+// pipe back to the caller and fd 3 the write end of a second pipe. When the
+// run is `running`, the supervisor's Running callback points its stderr at
+// /dev/null and writes the record to fd 3, then closes it; the caller prints
+// that record and returns 0, and the supervisor lives on with no tie to it.
+// If fd 3 closes without a record, the supervisor has exited before the run
+// was running (launch failure, the ID taken meanwhile, an unsafe root): the
+// caller has relayed its messages, waits for it and returns its exit code.
+//
+// The job sees nothing of this: no environment variable is added, and fd 3
+// is close-on-exec by the time the job starts (the wrapper marks every fd
+// from 3 up close-on-exec before it forks the job).
+
+func init() { detachHook = runDetach }
+
+// detachFD is the descriptor number the supervisor reports on.
+const detachFD = 3
+
+func runDetach(e *Env, id string, argv []string, rf runFlags) int {
+	root, code := e.openRoot(true)
+	if root == nil {
+		return code
+	}
+	defer root.Close()
+	// The same ID again is answered here, as plain run answers it, without
+	// starting anything. (A claim racing this one is answered by the
+	// supervisor, whose message is relayed below.)
+	if d, err := root.Open(id); err == nil || !errors.Is(err, rundir.ErrNoRun) {
+		if d != nil {
+			d.Close()
+		}
+		return e.existingRun(root, id)
+	}
+
+	exe, err := os.Executable()
+	if err != nil {
+		e.errorf("run %s: --detach: cannot find this program to start the supervisor: %v", id, err)
+		return ExitSoftware
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		e.errorf("run %s: --detach: %v", id, err)
+		return ExitSoftware
+	}
+	defer devnull.Close()
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		e.errorf("run %s: --detach: %v", id, err)
+		return ExitSoftware
+	}
+	defer repR.Close()
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		repW.Close()
+		e.errorf("run %s: --detach: %v", id, err)
+		return ExitSoftware
+	}
+	defer errR.Close()
+
+	args := []string{os.Args[0], "--root", root.Path, "run", "--no-stream",
+		"--lease", time.Duration(rf.lease).String(), "--grace", time.Duration(rf.grace).String(),
+		"--on-hangup", rf.onHangup, "--detach-fd", fmt.Sprint(detachFD), id, "--"}
+	cmd := &exec.Cmd{
+		Path:       exe,
+		Args:       append(args, argv...),
+		Stdin:      devnull,
+		Stdout:     devnull,
+		Stderr:     errW,
+		ExtraFiles: []*os.File{repW}, // fd 3 == detachFD
+		// A session of its own: no terminal, no signal meant for the
+		// caller's group or session reaches it.
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = cmd.Start()
+	repW.Close()
+	errW.Close()
+	if err != nil {
+		e.errorf("run %s: --detach: cannot start the supervisor: %v", id, err)
+		return ExitSoftware
+	}
+	relayed := make(chan struct{})
+	go func() {
+		io.Copy(e.Stderr, errR)
+		close(relayed)
+	}()
+	report, _ := io.ReadAll(repR)
+	if len(report) > 0 {
+		rec, err := statusfile.Parse(report)
+		if err == nil {
+			<-relayed // closed before the report was written
+			_ = cmd.Process.Release()
+			b, _ := statusfile.Marshal(rec)
+			e.Stdout.Write(b)
+			return ExitOK
+		}
+		e.errorf("run %s: --detach: the supervisor reported something that is not a record: %v", id, err)
+	}
+	// No record: the supervisor ended before the run was running. Its own
+	// messages have been relayed; its exit code is the answer.
+	werr := cmd.Wait()
+	<-relayed
+	st, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	switch {
+	case st.Signaled():
+		e.errorf("run %s: --detach: the supervisor was killed by SIG%s before the run was running", id, proc.SignalName(st.Signal()))
+		e.hint("see what happened with 'agent-wrap reconcile %s'", id)
+		return 128 + int(st.Signal())
+	case werr == nil:
+		// Exit 0 without a record cannot come from a run that was started;
+		// say so rather than claim success.
+		e.errorf("run %s: --detach: the supervisor exited without reporting a running record", id)
+		e.hint("see what happened with 'agent-wrap reconcile %s'", id)
+		return ExitSoftware
+	}
+	return st.ExitStatus()
+}
+
+// detachedRunning is the supervisor's Running callback under --detach-fd:
+// from now on it has no caller, so its stderr goes to /dev/null (which also
+// ends the caller's relay), then the record goes to fd and fd is closed.
+func detachedRunning(fd int) func(*statusfile.Record) {
+	return func(rec *statusfile.Record) {
+		if null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0); err == nil {
+			_ = unix.Dup3(int(null.Fd()), 2, 0)
+			null.Close()
+		}
+		f := os.NewFile(uintptr(fd), "detach-report")
+		if f == nil {
+			return
+		}
+		if b, err := statusfile.Marshal(rec); err == nil {
+			_, _ = f.Write(b) // EPIPE: the caller is gone; the run goes on
+		}
+		f.Close()
+	}
+}
