@@ -1,0 +1,106 @@
+// Package bench measures what agent-wrap costs against what a job costs
+// without it: the statistics (medians of interleaved samples), the process
+// observations a measurement needs (descendants from /proc, peak RSS, exit
+// through a pidfd) and the synthetic run directories the watchdog scan is
+// measured over. The driver is cmd/awbench; `make bench` runs it and writes
+// BENCHMARKS.md.
+//
+// Guarantees: every sample of a figure and of its baseline comes from the
+// same run of the driver, taken in alternation (A, B, A, B ...), so a noisy
+// neighbour slows both; a figure is a median, never a mean. Not guaranteed:
+// that two runs of the driver agree to better than the machine's noise (this
+// is a shared 2-core VM); the report says how many samples each median has
+// and their spread.
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Median returns the median of xs (the mean of the middle two for an even
+// count), NaN for none.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// Max returns the largest of xs, NaN for none.
+func Max(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	m := xs[0]
+	for _, x := range xs[1:] {
+		m = math.Max(m, x)
+	}
+	return m
+}
+
+// Min returns the smallest of xs, NaN for none.
+func Min(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	m := xs[0]
+	for _, x := range xs[1:] {
+		m = math.Min(m, x)
+	}
+	return m
+}
+
+// Interleave runs fns in order, one after the other, for warmup+n rounds
+// (A, B, A, B ...) and returns, per fn, the samples of the last n rounds.
+// The warm-up rounds fill the page cache and the dentry cache for both
+// sides; their samples are dropped. The first error stops everything.
+func Interleave(warmup, n int, fns ...func() (float64, error)) ([][]float64, error) {
+	out := make([][]float64, len(fns))
+	for round := 0; round < warmup+n; round++ {
+		for i, fn := range fns {
+			v, err := fn()
+			if err != nil {
+				return out, fmt.Errorf("round %d, side %d: %w", round, i, err)
+			}
+			if round >= warmup {
+				out[i] = append(out[i], v)
+			}
+		}
+	}
+	return out, nil
+}
+
+// ErrTimeout is returned by WaitUntil when the condition did not hold in time.
+var ErrTimeout = errors.New("timed out")
+
+// WaitUntil polls cond every interval until it returns true or an error, or
+// until timeout has passed (ErrTimeout, wrapped with the last error seen).
+func WaitUntil(timeout, interval time.Duration, cond func() (bool, error)) error {
+	end := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		if time.Now().After(end) {
+			if err != nil {
+				return fmt.Errorf("%w after %v: %v", ErrTimeout, timeout, err)
+			}
+			return fmt.Errorf("%w after %v", ErrTimeout, timeout)
+		}
+		time.Sleep(interval)
+	}
+}
+
+// Ms renders a duration in milliseconds, as the report shows times.
+func Ms(d float64) string { return fmt.Sprintf("%.2f ms", d*1e3) }

@@ -1,0 +1,657 @@
+package main
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/bench"
+	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+const mib = 1 << 20
+
+func passIf(ok bool) string {
+	if ok {
+		return "pass"
+	}
+	return "FAIL"
+}
+
+func spread(xs []float64, unit func(float64) string) string {
+	return fmt.Sprintf("n=%d min %s median %s max %s", len(xs), unit(bench.Min(xs)), unit(bench.Median(xs)), unit(bench.Max(xs)))
+}
+
+// binary: the size of the static binary, against the 6 MiB limit; Debian's
+// tini-static for scale.
+func (r *runner) binary() error {
+	st, err := os.Stat(r.bin)
+	if err != nil {
+		return err
+	}
+	f, err := elf.Open(r.bin)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	static := true
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			static = false
+		}
+	}
+	size := float64(st.Size())
+	base, ratio := "-", "-"
+	if bs, err := os.Stat("/usr/bin/tini-static"); err == nil {
+		base = fmt.Sprintf("%.2f MiB (tini-static)", float64(bs.Size())/mib)
+		ratio = fmt.Sprintf("%.1f×", size/float64(bs.Size()))
+	}
+	limit := 6.0 * mib
+	kind := "static"
+	if !static {
+		kind = "NOT static"
+	}
+	r.rows = append(r.rows, row{
+		figure:   "binary size",
+		measured: fmt.Sprintf("%.2f MiB, %s", size/mib, kind),
+		baseline: base, ratio: ratio,
+		target: "≤ 6 MiB, static",
+		limit:  fmt.Sprintf("%.2f", size/limit),
+		pass:   passIf(size <= limit && static),
+	})
+	r.detail("binary: %s, %d bytes, %s (no PT_INTERP, no PT_DYNAMIC: %v)", r.bin, st.Size(), kind, static)
+	return nil
+}
+
+// startup: a run of `true` from fork to exit, against setsid -w and tini.
+func (r *runner) startup() error {
+	root, err := r.newRoot("startup")
+	if err != nil {
+		return err
+	}
+	aw := func() (float64, error) {
+		return r.timed(0, nil, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", r.id("startup"), "--", "true")
+	}
+	setsid := func() (float64, error) { return r.timed(0, nil, "setsid", "-w", "true") }
+	tini := func() (float64, error) { return r.timed(0, nil, "tini", "-s", "-g", "--", "true") }
+	s, err := bench.Interleave(3, r.n(40, 15), aw, setsid, tini)
+	if err != nil {
+		return err
+	}
+	a, b, c := bench.Median(s[0]), bench.Median(s[1]), bench.Median(s[2])
+	for _, x := range []struct {
+		name string
+		v    float64
+	}{{"setsid -w true", b}, {"tini -s -g -- true", c}} {
+		r.rows = append(r.rows, row{
+			figure:   "startup vs " + strings.Fields(x.name)[0],
+			measured: bench.Ms(a), baseline: bench.Ms(x.v) + " (" + x.name + ")",
+			ratio:  fmt.Sprintf("%.2f×", a/x.v),
+			target: "≤ 3×", limit: fmt.Sprintf("%.2f", a/x.v/3),
+			pass: passIf(a/x.v <= 3),
+		})
+	}
+	r.detail("startup `agent-wrap run --no-stream --lease 0 ID -- true`: %s", spread(s[0], bench.Ms))
+	r.detail("startup `setsid -w true`: %s", spread(s[1], bench.Ms))
+	r.detail("startup `tini -s -g -- true`: %s", spread(s[2], bench.Ms))
+	return nil
+}
+
+const cancelTree = "sleep 300 & sleep 300 & wait"
+
+// cancel: from the signal (or the start of `agent-wrap cancel`) to the
+// wrapper's exit with its final record written, against tini -s -g being
+// TERMed with the same tree.
+func (r *runner) cancel() error {
+	root, err := r.newRoot("cancel")
+	if err != nil {
+		return err
+	}
+	awTERM := func() (float64, error) { return r.cancelOnce(root, false) }
+	awCancel := func() (float64, error) { return r.cancelOnce(root, true) }
+	tini := func() (float64, error) { return r.tiniCancelOnce() }
+	sides := []func() (float64, error){awTERM, tini}
+	names := []string{"TERM to the wrapper"}
+	hasCancel := r.has("cancel")
+	if hasCancel {
+		sides = []func() (float64, error){awTERM, awCancel, tini}
+		names = append(names, "`agent-wrap cancel`")
+	}
+	s, err := bench.Interleave(1, r.n(20, 7), sides...)
+	if err != nil {
+		return err
+	}
+	t := bench.Median(s[len(s)-1])
+	for i, name := range names {
+		m := bench.Median(s[i])
+		ok := m <= 0.015 && m/t <= 6
+		r.rows = append(r.rows, row{
+			figure:   "confirmed cancel, " + name,
+			measured: bench.Ms(m), baseline: bench.Ms(t) + " (tini TERMed)",
+			ratio:  fmt.Sprintf("%.1f×", m/t),
+			target: "≤ 15 ms and ≤ 6× tini",
+			limit:  fmt.Sprintf("%.2f", max(m/0.015, m/t/6)),
+			pass:   passIf(ok),
+		})
+		r.detail("cancel, %s: %s", name, spread(s[i], bench.Ms))
+	}
+	if !hasCancel {
+		r.rows = append(r.rows, row{figure: "confirmed cancel, `agent-wrap cancel`", measured: "not measured: no `cancel` command in this build", pass: "n/a"})
+	}
+	r.detail("cancel, tini -s -g TERMed: %s", spread(s[len(s)-1], bench.Ms))
+	return nil
+}
+
+func (r *runner) cancelOnce(root string, viaCommand bool) (float64, error) {
+	id := r.id("cancel")
+	w, err := r.start(nil, nil, false, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "sh", "-c", cancelTree)
+	if err != nil {
+		return 0, err
+	}
+	r.onCleanup(func() { r.stopRun(root, id, w) })
+	if _, err := waitRunning(root, id, w.pid, twoSleeps); err != nil {
+		return 0, fmt.Errorf("run %s never had its tree: %w", id, err)
+	}
+	t0 := time.Now()
+	if viaCommand {
+		if _, err := r.timed(0, nil, r.bin, "--root", root, "cancel", id); err != nil {
+			return 0, err
+		}
+	} else if err := w.pfd.Signal(unix.SIGTERM); err != nil {
+		return 0, err
+	}
+	end, err := w.exited(30 * time.Second)
+	if err != nil {
+		return 0, err
+	}
+	if err := w.wait(); err != nil {
+		return 0, err
+	}
+	rec, err := readRecord(root, id)
+	if err != nil {
+		return 0, err
+	}
+	if rec.State != statusfile.Cancelled || len(rec.Survivors) != 0 || w.code() != 143 {
+		return 0, fmt.Errorf("run %s: state %s, survivors %v, exit %d; want cancelled, none, 143", id, rec.State, rec.Survivors, w.code())
+	}
+	return end.Sub(t0).Seconds(), nil
+}
+
+// stopRun is the cleanup of a wrapper started by awbench: TERM it if it is
+// still there, wait, then KILL whatever is left of the job's group.
+func (r *runner) stopRun(root, id string, w *started) {
+	if !w.done {
+		_ = w.pfd.Signal(unix.SIGTERM)
+		if _, err := w.exited(15 * time.Second); err != nil {
+			_ = w.pfd.Signal(unix.SIGKILL)
+		}
+		_ = w.wait()
+	}
+	if rec, err := readRecord(root, id); err == nil && rec.PGID > 1 {
+		if n := killGroupMembers(rec.PGID, rec.LeaderStart); n > 0 {
+			r.logf("run %s: KILLed %d leftover members of group %d", id, n, rec.PGID)
+		}
+	}
+}
+
+func (r *runner) tiniCancelOnce() (float64, error) {
+	t, err := r.start(nil, nil, false, "tini", "-s", "-g", "--", "sh", "-c", cancelTree)
+	if err != nil {
+		return 0, err
+	}
+	var ds []proc.Stat
+	err = bench.WaitUntil(10*time.Second, time.Millisecond, func() (bool, error) {
+		ds, err = bench.Descendants(t.pid)
+		return err == nil && twoSleeps(ds), err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("tini never had its tree: %w", err)
+	}
+	pgid, minStart := ds[0].PGID, ds[0].Start
+	r.onCleanup(func() { killGroupMembers(pgid, minStart) })
+	t0 := time.Now()
+	if err := t.pfd.Signal(unix.SIGTERM); err != nil {
+		return 0, err
+	}
+	end, err := t.exited(30 * time.Second)
+	if err != nil {
+		return 0, err
+	}
+	if err := t.wait(); err != nil {
+		return 0, err
+	}
+	if t.code() != 143 {
+		return 0, fmt.Errorf("tini exited %d, want 143", t.code())
+	}
+	return end.Sub(t0).Seconds(), nil
+}
+
+// output: the job writes SIZE bytes to stdout; under agent-wrap its fd 1 is
+// stdout.log and the wrapper streams that to /dev/null. Baseline: the same
+// job with fd 1 a file in the same run root.
+func (r *runner) output() error {
+	size := int64(1 << 30)
+	if r.quick {
+		size = 64 << 20
+	}
+	if v := os.Getenv("BENCH_OUTPUT_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("BENCH_OUTPUT_BYTES=%q: not a positive number of bytes", v)
+		}
+		size = n
+	}
+	root, err := r.newRoot("output")
+	if err != nil {
+		return err
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	sz := strconv.FormatInt(size, 10)
+	aw := func() (float64, error) {
+		id := r.id("out")
+		dt, err := r.timed(0, devnull, r.bin, "--root", root, "run", "--lease", "0", id, "--", "head", "-c", sz, "/dev/zero")
+		if err != nil {
+			return 0, err
+		}
+		st, err := os.Stat(filepath.Join(root, id, rundir.StdoutFile))
+		if err != nil {
+			return 0, err
+		}
+		if st.Size() != size {
+			return 0, fmt.Errorf("stdout.log has %d bytes, want %d", st.Size(), size)
+		}
+		return dt, os.RemoveAll(filepath.Join(root, id))
+	}
+	direct := func() (float64, error) {
+		p := filepath.Join(root, r.id("direct")+".out")
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND|os.O_EXCL, 0o600)
+		if err != nil {
+			return 0, err
+		}
+		dt, err := r.timed(0, f, "head", "-c", sz, "/dev/zero")
+		f.Close()
+		if err != nil {
+			return 0, err
+		}
+		return dt, os.Remove(p)
+	}
+	s, err := bench.Interleave(1, r.n(5, 3), aw, direct)
+	if err != nil {
+		return err
+	}
+	a, b := bench.Median(s[0]), bench.Median(s[1])
+	mbps := func(t float64) string { return fmt.Sprintf("%.0f MiB/s", float64(size)/mib/t) }
+	ratio := b / a // throughput ratio
+	r.rows = append(r.rows, row{
+		figure:   fmt.Sprintf("output, %s to stdout, streamed to /dev/null", humanBytes(size)),
+		measured: mbps(a), baseline: mbps(b) + " (job writes the file)",
+		ratio:  fmt.Sprintf("%.3f×", ratio),
+		target: "≥ 0.95×", limit: fmt.Sprintf("%.2f", 0.95/ratio),
+		pass: passIf(ratio >= 0.95),
+	})
+	r.detail("output under agent-wrap (wall time of the run): %s", spread(s[0], bench.Ms))
+	r.detail("output, job writes the file: %s", spread(s[1], bench.Ms))
+	return nil
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= mib && n%mib == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// memory: the wrapper's VmHWM (its own peak RSS, not the job's) while it
+// supervises a job that streams 100 MB over 10 s; tini under the same job
+// for scale.
+func (r *runner) memory() error {
+	rounds, chunk := 10, 10_000_000
+	if r.quick {
+		rounds = 3
+	}
+	job := fmt.Sprintf("i=0; while [ $i -lt %d ]; do head -c %d /dev/zero; sleep 1; i=$((i+1)); done", rounds, chunk)
+	root, err := r.newRoot("memory")
+	if err != nil {
+		return err
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	peak := func(argv ...string) (float64, error) {
+		p, err := r.start(devnull, nil, false, argv...)
+		if err != nil {
+			return 0, err
+		}
+		var hwm int64
+		for {
+			if v, err := bench.VmHWM(p.pid); err == nil && v > hwm {
+				hwm = v
+			}
+			if _, err := p.pfd.Wait(10 * time.Millisecond); err == nil {
+				break
+			} else if !errors.Is(err, bench.ErrTimeout) {
+				return 0, err
+			}
+		}
+		if err := p.wait(); err != nil {
+			return 0, err
+		}
+		if p.code() != 0 {
+			return 0, fmt.Errorf("%v exited %d", argv, p.code())
+		}
+		return float64(hwm), nil
+	}
+	aw := func() (float64, error) {
+		return peak(r.bin, "--root", root, "run", "--lease", "0", r.id("mem"), "--", "sh", "-c", job)
+	}
+	tini := func() (float64, error) { return peak("tini", "-s", "-g", "--", "sh", "-c", job) }
+	s, err := bench.Interleave(0, r.n(2, 1), aw, tini)
+	if err != nil {
+		return err
+	}
+	a, b := bench.Max(s[0]), bench.Max(s[1])
+	mb := func(v float64) string { return fmt.Sprintf("%.2f MiB", v/mib) }
+	r.rows = append(r.rows, row{
+		figure:   fmt.Sprintf("memory, wrapper VmHWM, %d MB streamed over %d s", rounds*chunk/1_000_000, rounds),
+		measured: mb(a), baseline: mb(b) + " (tini)",
+		ratio:  fmt.Sprintf("%.1f×", a/b),
+		target: "≤ 8 MiB", limit: fmt.Sprintf("%.2f", a/(8*mib)),
+		pass: passIf(a <= 8*mib),
+	})
+	r.detail("memory, agent-wrap VmHWM (largest of the samples is reported): %s", spread(s[0], mb))
+	r.detail("memory, tini VmHWM: %s", spread(s[1], mb))
+	return nil
+}
+
+// watchdog: `watchdog --once` over a root of N runs (100 live, the rest
+// finished) against reading every status.json once, at 1k, 10k and 50k.
+func (r *runner) watchdog() error {
+	scales := []int{1000, 10000, 50000}
+	if r.quick {
+		scales = []int{1000, 10000}
+	}
+	const live = 100
+	root, err := r.newRoot("watchdog")
+	if err != nil {
+		return err
+	}
+	fx, err := r.liveRefs()
+	if err != nil {
+		return err
+	}
+	fx.Root, err = rundir.OpenRoot(root, false)
+	if err != nil {
+		return err
+	}
+	defer fx.Root.Close()
+	t0 := time.Now()
+	if err := fx.Write("live", 0, live, true); err != nil {
+		return err
+	}
+	hasWatchdog := r.has("watchdog")
+	have := live
+	var ratios []float64
+	type point struct {
+		n    int
+		w, b float64
+	}
+	var pts []point
+	for _, n := range scales {
+		if err := fx.Write("done", have-live, n-live, false); err != nil {
+			return err
+		}
+		have = n
+		r.logf("   fixture of %d runs ready after %.1fs", n, time.Since(t0).Seconds())
+		base := func() (float64, error) { return r.timed(0, nil, r.self, "readall", root) }
+		if !hasWatchdog {
+			s, err := bench.Interleave(1, r.n(5, 3), base)
+			if err != nil {
+				return err
+			}
+			r.detail("watchdog baseline at %d runs (read every status.json): %s", n, spread(s[0], bench.Ms))
+			r.rows = append(r.rows, row{figure: fmt.Sprintf("watchdog scan, %d runs", n),
+				measured: "not measured: no `watchdog` command in this build",
+				baseline: bench.Ms(bench.Median(s[0])) + " (read every status.json)", target: "≤ 1.5×", pass: "n/a"})
+			continue
+		}
+		var out []byte
+		wd := func() (float64, error) {
+			outf, err := os.CreateTemp(r.scratch, "watchdog-*.out")
+			if err != nil {
+				return 0, err
+			}
+			defer os.Remove(outf.Name())
+			defer outf.Close()
+			dt, err := r.timed(0, outf, r.bin, "--root", root, "watchdog", "--once")
+			if err != nil {
+				return 0, err
+			}
+			out, _ = os.ReadFile(outf.Name())
+			return dt, nil
+		}
+		s, err := bench.Interleave(1, r.n(5, 3), wd, base)
+		if err != nil {
+			return err
+		}
+		if len(strings.TrimSpace(string(out))) > 0 {
+			r.detail("watchdog at %d runs printed actions (it should have none): %.300q", n, out)
+		}
+		if err := r.checkLiveRefs(fx); err != nil {
+			return fmt.Errorf("after the watchdog at %d runs: %w", n, err)
+		}
+		w, b := bench.Median(s[0]), bench.Median(s[1])
+		ratios = append(ratios, w/b)
+		pts = append(pts, point{n, w, b})
+		r.rows = append(r.rows, row{
+			figure:   fmt.Sprintf("watchdog --once, %d runs (%d live)", n, live),
+			measured: bench.Ms(w), baseline: bench.Ms(b) + " (read every status.json)",
+			ratio:  fmt.Sprintf("%.2f×", w/b),
+			target: "≤ 1.5×", limit: fmt.Sprintf("%.2f", w/b/1.5),
+			pass: passIf(w/b <= 1.5),
+		})
+		r.detail("watchdog --once at %d runs: %s", n, spread(s[0], bench.Ms))
+		r.detail("read every status.json at %d runs: %s", n, spread(s[1], bench.Ms))
+	}
+	if len(pts) >= 2 {
+		// Flat in finished runs: the cost of one more finished run, for the
+		// watchdog and for the baseline, between the smallest and the
+		// largest fixture; the ratio must not grow with N.
+		a, z := pts[0], pts[len(pts)-1]
+		dn := float64(z.n - a.n)
+		sw, sb := (z.w-a.w)/dn, (z.b-a.b)/dn
+		flat := bench.Max(ratios) <= 1.5 && bench.Max(ratios)/bench.Min(ratios) <= 1.3
+		r.rows = append(r.rows, row{
+			figure:   fmt.Sprintf("watchdog, cost per finished run (%d→%d runs)", a.n, z.n),
+			measured: fmt.Sprintf("%.1f µs", sw*1e6), baseline: fmt.Sprintf("%.1f µs (read)", sb*1e6),
+			ratio:  fmt.Sprintf("%.2f×", sw/sb),
+			target: "flat: ratio ≤ 1.5× at every N, spread ≤ 1.3×", limit: fmt.Sprintf("%.2f", bench.Max(ratios)/1.5),
+			pass: passIf(flat),
+		})
+	}
+	return nil
+}
+
+// liveRefs starts the processes the live fixture runs point at: a leader
+// alone in its session and a stand-in wrapper, both `sleep 3600`; and a
+// process that has exited and been reaped, for the finished runs.
+func (r *runner) liveRefs() (*bench.Fixture, error) {
+	boot, err := proc.BootID()
+	if err != nil {
+		return nil, err
+	}
+	fx := &bench.Fixture{BootID: boot}
+	leader, err := r.start(nil, nil, true, "sleep", "3600")
+	if err != nil {
+		return nil, err
+	}
+	wrapper, err := r.start(nil, nil, false, "sleep", "3600")
+	if err != nil {
+		return nil, err
+	}
+	dead, err := r.start(nil, nil, false, "sleep", "3600")
+	if err != nil {
+		return nil, err
+	}
+	for _, x := range []struct {
+		p  *started
+		to *proc.Stat
+	}{{leader, &fx.Leader}, {wrapper, &fx.Wrapper}, {dead, &fx.Dead}} {
+		err := bench.WaitUntil(5*time.Second, time.Millisecond, func() (bool, error) {
+			st, err := proc.ReadStat(x.p.pid)
+			*x.to = st
+			return err == nil && st.Comm == "sleep", err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	_ = dead.pfd.Signal(unix.SIGKILL)
+	if _, err := dead.exited(5 * time.Second); err != nil {
+		return nil, err
+	}
+	if err := dead.wait(); err != nil {
+		return nil, err
+	}
+	r.detail("watchdog fixture: live runs name leader %d (sleep, own session) and wrapper %d (sleep); finished runs name %d (exited, reaped); no agent-wrap supervises them",
+		fx.Leader.PID, fx.Wrapper.PID, fx.Dead.PID)
+	return fx, nil
+}
+
+func (r *runner) checkLiveRefs(fx *bench.Fixture) error {
+	for _, p := range []proc.Stat{fx.Leader, fx.Wrapper} {
+		st, err := proc.ReadStat(p.PID)
+		if err != nil || st.Start != p.Start || st.Dead() {
+			return fmt.Errorf("process %d of a live run is gone: the watchdog stopped a run whose lease had not passed", p.PID)
+		}
+	}
+	return nil
+}
+
+// lease: from the deadline in deadline_epoch to the leader's death, seen
+// through a pidfd, for `--lease 2s` runs; each paired with `timeout 2 sleep
+// 300` started at the same moment.
+func (r *runner) lease() error {
+	root, err := r.newRoot("lease")
+	if err != nil {
+		return err
+	}
+	n := r.n(10, 3)
+	var aw, base []float64
+	for i := 0; i < n; i++ {
+		var wg sync.WaitGroup
+		var a, b float64
+		var ea, eb error
+		wg.Add(2)
+		go func() { defer wg.Done(); a, ea = r.leaseOnce(root) }()
+		go func() { defer wg.Done(); b, eb = r.timeoutOnce() }()
+		wg.Wait()
+		if err := errors.Join(ea, eb); err != nil {
+			return err
+		}
+		aw, base = append(aw, a), append(base, b)
+	}
+	m, x := bench.Median(aw), bench.Max(aw)
+	r.rows = append(r.rows, row{
+		figure:   fmt.Sprintf("lease lateness, deadline to leader dead (%d runs)", n),
+		measured: fmt.Sprintf("median %s, max %s", bench.Ms(m), bench.Ms(x)),
+		baseline: fmt.Sprintf("median %s, max %s (timeout 2)", bench.Ms(bench.Median(base)), bench.Ms(bench.Max(base))),
+		ratio:    "-",
+		target:   "median and max ≤ 1.5 s", limit: fmt.Sprintf("%.3f", x/1.5),
+		pass: passIf(m <= 1.5 && x <= 1.5),
+	})
+	r.detail("lease lateness under agent-wrap: %s", spread(aw, bench.Ms))
+	r.detail("lease lateness of `timeout 2 sleep 300` (from its start + 2 s): %s", spread(base, bench.Ms))
+	return nil
+}
+
+func (r *runner) leaseOnce(root string) (float64, error) {
+	id := r.id("lease")
+	w, err := r.start(nil, nil, false, r.bin, "--root", root, "run", "--no-stream", "--lease", "2s", id, "--", "sleep", "300")
+	if err != nil {
+		return 0, err
+	}
+	r.onCleanup(func() { r.stopRun(root, id, w) })
+	rec, err := waitRunning(root, id, w.pid, func(ds []proc.Stat) bool { return bench.CountComm(ds, "sleep") == 1 })
+	if err != nil {
+		return 0, err
+	}
+	leader, err := bench.OpenPidfd(rec.PID, rec.LeaderStart)
+	if err != nil {
+		return 0, err
+	}
+	defer leader.Close()
+	b, err := os.ReadFile(filepath.Join(root, id, rundir.DeadlineFile))
+	if err != nil {
+		return 0, err
+	}
+	dl, err := lease.ParseDeadline(b)
+	if err != nil {
+		return 0, err
+	}
+	died, err := leader.Wait(time.Until(time.Unix(dl, 0)) + 20*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := w.exited(30 * time.Second); err != nil {
+		return 0, err
+	}
+	if err := w.wait(); err != nil {
+		return 0, err
+	}
+	if w.code() != statusfile.ExitLease {
+		return 0, fmt.Errorf("run %s exited %d, want %d", id, w.code(), statusfile.ExitLease)
+	}
+	return died.Sub(time.Unix(dl, 0)).Seconds(), nil
+}
+
+func (r *runner) timeoutOnce() (float64, error) {
+	t0 := time.Now()
+	t, err := r.start(nil, nil, false, "timeout", "2", "sleep", "300")
+	if err != nil {
+		return 0, err
+	}
+	var ds []proc.Stat
+	err = bench.WaitUntil(5*time.Second, time.Millisecond, func() (bool, error) {
+		ds, err = bench.Descendants(t.pid)
+		return err == nil && bench.CountComm(ds, "sleep") == 1, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	child, err := bench.OpenPidfd(ds[0].PID, ds[0].Start)
+	if err != nil {
+		return 0, err
+	}
+	defer child.Close()
+	died, err := child.Wait(30 * time.Second)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := t.exited(10 * time.Second); err != nil {
+		return 0, err
+	}
+	if err := t.wait(); err != nil {
+		return 0, err
+	}
+	return died.Sub(t0.Add(2 * time.Second)).Seconds(), nil
+}
