@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/reconcile"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+func init() {
+	register(&command{name: "gc", summary: "delete old finished runs: gc --older-than D [--dry-run]", run: runGC})
+}
+
+const gcHelp = `gc deletes the run directories of runs that are over and ended more than D
+ago, and prints one line per run removed. A run is removed only when
+reconcile would say completed or cancelled and its wrapper has exited; a
+live run, one whose outcome is unknown (an unreadable record, a wrapper that
+died before its final record, a cancelled run with a process still alive) and
+one that ended less than D ago are kept. Unknown runs are named on stderr:
+they need 'agent-wrap reconcile' and perhaps 'agent-wrap cancel', not gc.
+
+exit: 0; 1 if a run directory could not be removed.
+`
+
+// ageValue is a duration flag that also takes days ("7d"), the unit
+// retention is usually thought in.
+type ageValue struct{ durationValue }
+
+func (a *ageValue) Set(s string) error {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.ParseFloat(n, 64)
+		if err != nil || days < 0 {
+			return fmt.Errorf("not a number of days: %q", s)
+		}
+		a.durationValue = durationValue(time.Duration(days * float64(24*time.Hour)))
+		return nil
+	}
+	return a.durationValue.Set(s)
+}
+
+func runGC(e *Env, args []string) int {
+	fs := e.flags("gc")
+	var older ageValue
+	fs.Var(&older, "older-than", "remove terminal runs that ended more than `D` ago (required: 90s, 36h, 7d)")
+	dry := fs.BoolP("dry-run", "n", false, "print what would be removed; remove nothing")
+	fs.Usage = func() {
+		fmt.Fprint(e.Stderr, "usage: agent-wrap gc --older-than D [--dry-run]\n\n"+gcHelp+"\n")
+		fs.PrintDefaults()
+	}
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 0 {
+		return e.usageError("gc takes no arguments")
+	}
+	if !fs.Changed("older-than") {
+		return e.usageError("gc needs --older-than D: how long ago a run must have ended to be deleted")
+	}
+	root, code := e.openRoot(false)
+	if root == nil {
+		if code == ExitNoRun {
+			return ExitOK // no root: nothing to collect
+		}
+		return code
+	}
+	defer root.Close()
+	ids, err := root.List()
+	if err != nil {
+		e.errorf("%v", err)
+		return ExitFailure
+	}
+	exit := ExitOK
+	cutoff := time.Now().Add(-time.Duration(older.durationValue))
+	for _, id := range ids {
+		if !e.collect(root, id, cutoff, *dry) {
+			exit = ExitFailure
+		}
+	}
+	return exit
+}
+
+// collect removes one run if it may be removed; false means removal failed.
+func (e *Env) collect(root *rundir.Root, id string, cutoff time.Time, dry bool) bool {
+	d, err := root.Open(id)
+	if err != nil {
+		e.errorf("gc: kept %s: %v", id, err)
+		return true
+	}
+	defer d.Close()
+	v := reconcile.Decide(reconcile.Gather(d))
+	switch {
+	case v.Outcome == reconcile.Unknown:
+		e.errorf("gc: kept %s: outcome unknown: %s", id, v.Reason)
+		return true
+	case v.Outcome != reconcile.Completed && v.Outcome != reconcile.Cancelled:
+		return true // live
+	case v.Supervisor == reconcile.SupervisorAlive:
+		return true // over, but its wrapper is still draining: next time
+	}
+	// Decide again under the run's lock, from the record, so nothing
+	// changes between the decision and the removal.
+	unlock, err := d.Lock()
+	if err != nil {
+		e.errorf("gc: kept %s: %v", id, err)
+		return true
+	}
+	defer unlock()
+	rec, err := statusfile.Read(d)
+	if err != nil || !statusfile.Terminal(rec.State) {
+		return true
+	}
+	ended, err := time.Parse(time.RFC3339Nano, rec.EndedAt)
+	if err != nil {
+		e.errorf("gc: kept %s: its ended_at %q is not a time: %v", id, rec.EndedAt, err)
+		return true
+	}
+	if ended.After(cutoff) {
+		return true
+	}
+	line := fmt.Sprintf("%s (%s, exit %d, ended %s)", id, rec.State, rec.Code(), rec.EndedAt)
+	if dry {
+		fmt.Fprintln(e.Stdout, "would remove "+line)
+		return true
+	}
+	if err := root.RemoveAll(id); err != nil {
+		e.errorf("gc: cannot remove %s: %v", id, err)
+		return false
+	}
+	fmt.Fprintln(e.Stdout, "removed "+line)
+	return true
+}

@@ -1,0 +1,130 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+func init() {
+	register(&command{name: "logs", summary: "print a run's log, following it with -f: logs [-f] [--stderr] RUN_ID", run: runLogs})
+}
+
+const logsHelp = `logs prints the job's stdout.log (--stderr: stderr.log) byte for byte, from
+the start. With -f it goes on printing what the job writes until the run is
+terminal, then prints the rest and exits 0: this is how a controller
+reattaches after losing its connection.
+
+If the run can never become terminal by itself (its wrapper is dead and
+nothing of it is alive, the host rebooted, or the record is unreadable, for a
+few seconds on end), -f prints what there is, says so on stderr and exits 4,
+the exit code reconcile gives an unknown outcome.
+`
+
+func runLogs(e *Env, args []string) int {
+	fs := e.flags("logs")
+	follow := fs.BoolP("follow", "f", false, "follow the log until the run is terminal")
+	errLog := fs.Bool("stderr", false, "print stderr.log instead of stdout.log")
+	fs.SetInterspersed(true) // no job argv here: flags may follow RUN_ID
+	fs.Usage = func() {
+		fmt.Fprint(e.Stderr, "usage: agent-wrap logs [-f] [--stderr] RUN_ID\n\n"+logsHelp+"\n")
+		fs.PrintDefaults()
+	}
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 1 {
+		return e.usageError("logs takes one RUN_ID")
+	}
+	root, d, code := e.openRun(fs.Arg(0))
+	if d == nil {
+		return code
+	}
+	defer root.Close()
+	defer d.Close()
+	name := rundir.StdoutFile
+	if *errLog {
+		name = rundir.StderrFile
+	}
+
+	l := &logReader{e: e, d: d, name: name}
+	defer l.close()
+	if !*follow {
+		if err := l.copy(); err != nil {
+			return l.fail(err)
+		}
+		if l.f == nil {
+			e.errorf("run %s has no %s (yet): its job never started, or has not started yet", d.ID, name)
+		}
+		return ExitOK
+	}
+	fo := newFollower(d)
+	defer fo.Close()
+	for {
+		if err := l.copy(); err != nil {
+			return l.fail(err)
+		}
+		rec, v := fo.poll()
+		if rec != nil {
+			// Terminal: the group has been stopped before the final record
+			// was written, so what is in the file now is all of it.
+			if err := l.copy(); err != nil {
+				return l.fail(err)
+			}
+			return ExitOK
+		}
+		if v != nil {
+			if err := l.copy(); err != nil {
+				return l.fail(err)
+			}
+			e.errorf("run %s: stopped following: the outcome is unknown: %s", d.ID, v.Reason)
+			e.hint("'agent-wrap reconcile %s' shows the evidence", d.ID)
+			return ExitUnknown
+		}
+		fo.sleep(250 * time.Millisecond)
+	}
+}
+
+// logReader copies a log file to stdout from where it last stopped, opening
+// it once it exists.
+type logReader struct {
+	e    *Env
+	d    *rundir.Dir
+	name string
+	f    *os.File
+}
+
+func (l *logReader) copy() error {
+	if l.f == nil {
+		f, err := l.d.OpenFile(l.name, unix.O_RDONLY, 0)
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil // not yet: the job has not started
+			}
+			return err
+		}
+		l.f = f
+	}
+	_, err := io.Copy(l.e.Stdout, l.f)
+	return err
+}
+
+func (l *logReader) fail(err error) int {
+	l.e.errorf("run %s: %s: %v", l.d.ID, l.name, err)
+	if rundir.IsUnsafe(err) {
+		return ExitUnsafeRoot
+	}
+	return ExitFailure
+}
+
+func (l *logReader) close() {
+	if l.f != nil {
+		l.f.Close()
+	}
+}

@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/reconcile"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+func init() {
+	register(&command{name: "wait", summary: "wait for a run to end and exit with its code: wait [--timeout D] RUN_ID", run: runWait})
+}
+
+const waitHelp = `wait blocks until the run is terminal and exits as run would have: the
+record's exit_code (the job's code, 128+N, 143/130/129 cancelled, 124 lease
+expired, 127/126/70 launch failed).
+
+It exits 75 with a message on stderr, and without waiting further, when
+  - --timeout passes first (the run is still live), or
+  - the outcome is unknown: the run is not terminal but its wrapper is dead
+    and nothing of it is alive (or the host rebooted, or the record is
+    unreadable) for a few seconds on end. Nothing will ever finish such a run
+    but 'agent-wrap cancel'; 'agent-wrap reconcile' says what is known.
+75 is what running the same ID again would return for a live or unknown run.
+`
+
+// unknownSettle is how long an unknown verdict must hold before wait and
+// logs -f give up on a run. A run whose wrapper is gone is briefly unknown
+// while cancel or the watchdog, having stopped its group, write its final
+// record; this covers that, and a record that is missing only because the
+// wrapper is about to write its first one.
+const unknownSettle = 3 * time.Second
+
+// judgeEvery is how often a follower re-judges a non-terminal run (a /proc
+// scan); the record itself is re-read on every wake-up.
+const judgeEvery = time.Second
+
+// follower watches one run until its record is terminal or its outcome has
+// been unknown for unknownSettle.
+type follower struct {
+	d            *rundir.Dir
+	w            *rundir.Watcher
+	lastJudged   time.Time
+	unknownSince time.Time
+}
+
+func newFollower(d *rundir.Dir) *follower {
+	return &follower{d: d, w: d.Watch()}
+}
+
+func (f *follower) Close() { f.w.Close() }
+
+// poll looks once. It returns the terminal record, or a verdict when the
+// outcome has been unknown for unknownSettle, or neither.
+func (f *follower) poll() (*statusfile.Record, *reconcile.Verdict) {
+	rec, err := statusfile.Read(f.d)
+	if err == nil && statusfile.Terminal(rec.State) {
+		return rec, nil
+	}
+	now := time.Now()
+	if now.Sub(f.lastJudged) < judgeEvery {
+		return nil, nil
+	}
+	f.lastJudged = now
+	v := reconcile.Decide(reconcile.Gather(f.d))
+	if v.Evidence.ExitCode != nil {
+		// Terminal since the read above.
+		if rec, err := statusfile.Read(f.d); err == nil && statusfile.Terminal(rec.State) {
+			return rec, nil
+		}
+	}
+	if v.Outcome != reconcile.Unknown {
+		f.unknownSince = time.Time{}
+		return nil, nil
+	}
+	if f.unknownSince.IsZero() {
+		f.unknownSince = now
+	}
+	if now.Sub(f.unknownSince) >= unknownSettle {
+		return nil, &v
+	}
+	return nil, nil
+}
+
+// sleep waits for a change in the run directory, at most d. A job that
+// writes its log without pause wakes the watcher on every write; wake-ups
+// are spaced at least minNap apart so following it costs little.
+func (f *follower) sleep(d time.Duration) {
+	const minNap = 20 * time.Millisecond
+	start := time.Now()
+	f.w.Wait(d)
+	if took := time.Since(start); took < minNap && took < d {
+		time.Sleep(min(minNap, d) - took)
+	}
+}
+
+func runWait(e *Env, args []string) int {
+	fs := e.flags("wait")
+	var timeout durationValue
+	fs.Var(&timeout, "timeout", "give up after `D` and exit 75 (default: wait as long as the run lives)")
+	fs.Usage = func() {
+		fmt.Fprint(e.Stderr, "usage: agent-wrap wait [--timeout D] RUN_ID\n\n"+waitHelp+"\n")
+		fs.PrintDefaults()
+	}
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 1 {
+		return e.usageError("wait takes one RUN_ID")
+	}
+	root, d, code := e.openRun(fs.Arg(0))
+	if d == nil {
+		return code
+	}
+	defer root.Close()
+	defer d.Close()
+
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(time.Duration(timeout))
+	}
+	f := newFollower(d)
+	defer f.Close()
+	for {
+		rec, v := f.poll()
+		if rec != nil {
+			return rec.Code()
+		}
+		if v != nil {
+			e.errorf("run %s: outcome unknown: %s", d.ID, v.Reason)
+			e.hint("nothing will finish this run by itself; 'agent-wrap reconcile %s' shows the evidence, 'agent-wrap cancel %s' records a final state", d.ID, d.ID)
+			return ExitTempFail
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			state := "not terminal"
+			if r, err := statusfile.Read(d); err == nil {
+				state = r.State
+			}
+			e.errorf("run %s: still %s after %v; stopped waiting (the run goes on)", d.ID, state, time.Duration(timeout))
+			return ExitTempFail
+		}
+		nap := 250 * time.Millisecond
+		if !deadline.IsZero() {
+			if left := time.Until(deadline); left < nap {
+				nap = left
+			}
+		}
+		f.sleep(nap)
+	}
+}
