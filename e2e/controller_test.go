@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -19,7 +20,10 @@ func TestControllerLoop(t *testing.T) {
 	const id = "controller-loop"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*waitLong)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "sh", "testdata/controller.sh", id, "4", "5")
+	// An 8 s lease renewed for 10 s: long enough that one renewal's ssh round
+	// trip (a login runs the account's shell startup files; seconds on a
+	// loaded machine) stays well inside the lease.
+	cmd := exec.CommandContext(ctx, "sh", "testdata/controller.sh", id, "8", "10")
 	ssh := append([]string{"ssh"}, h.srv.SSHArgs()...)
 	cmd.Env = append(cmd.Environ(),
 		"SSH="+strings.Join(append(ssh, h.srv.Destination()), " "),
@@ -42,7 +46,7 @@ func TestControllerLoop(t *testing.T) {
 			renewed++
 		}
 	}
-	if renewed != 5 {
-		t.Errorf("journal has %d lease_renewed events, want 5", renewed)
+	if want := "renewed " + strconv.Itoa(renewed) + " times"; renewed < 2 || !strings.Contains(string(out), want) {
+		t.Errorf("journal has %d lease_renewed events; want at least 2, and the script to say %q", renewed, want)
 	}
 }

@@ -2,10 +2,12 @@
 # controller.sh: the controller loop of README.md's "Controller side", run by
 # e2e/controller_test.go through a real ssh client and sshd.
 #
-# usage: controller.sh RUN_ID LEASE_SECONDS RENEWALS
+# usage: controller.sh RUN_ID LEASE_SECONDS RENEW_FOR_SECONDS
 #   Starts `sleep 300` as run RUN_ID with a LEASE_SECONDS lease, renews the
-#   lease every second RENEWALS times, then stops renewing (as a controller that
-#   crashed or lost interest would) and asks reconcile until the run is decided.
+#   lease every second for RENEW_FOR_SECONDS (more than the lease, to prove the
+#   renewals are what keeps it alive), then stops renewing (as a controller
+#   that crashed or lost interest would) and asks reconcile until the run is
+#   decided. Each renewal's ssh round trip must stay well inside the lease.
 # env:
 #   SSH  the ssh command up to the destination, split on spaces
 #        (for example "ssh build-host-7"); required
@@ -13,7 +15,7 @@
 #        (for example "/usr/local/bin/agent-wrap --root /srv/agent-runs")
 # exit: 0 when every step behaved as documented, 1 otherwise, saying which.
 set -u
-id=$1 lease=$2 renewals=$3
+id=$1 lease=$2 renew_for=$3
 aw=${AW:-agent-wrap}
 
 say() { echo "controller: $*"; }
@@ -41,10 +43,10 @@ say "running"
 
 # 3. Keep it alive: each renew sets the deadline to now + the run's lease.
 start=$(date +%s)
-i=0
-while [ "$i" -lt "$renewals" ]; do
-	on renew "$id" || fail "renewal $((i + 1)) refused"
-	i=$((i + 1))
+renewals=0
+while [ $(($(date +%s) - start)) -lt "$renew_for" ]; do
+	on renew "$id" || fail "renewal $((renewals + 1)) refused"
+	renewals=$((renewals + 1))
 	sleep 1
 done
 on reconcile "$id" >/dev/null 2>&1
@@ -52,7 +54,7 @@ rc=$?
 [ "$rc" -eq 3 ] || fail "after $renewals renewals reconcile exits $rc, want 3 (running)"
 elapsed=$(($(date +%s) - start))
 [ "$elapsed" -gt "$lease" ] || fail "renewals took ${elapsed}s, not longer than the ${lease}s lease: proves nothing"
-say "still running ${elapsed}s after the start of renewals, past its ${lease}s lease"
+say "renewed $renewals times; still running ${elapsed}s later, past its ${lease}s lease"
 
 # 4. Stop renewing. Within the lease plus the grace the run is stopped;
 #    reconcile then exits 0 with outcome cancelled.
