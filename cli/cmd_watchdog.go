@@ -43,23 +43,48 @@ func runWatchdog(e *Env, args []string) int {
 		return code
 	}
 	defer root.Close()
-	unlock, err := root.TryLock(lease.WatchdogLock)
-	if err != nil {
-		if errors.Is(err, rundir.ErrLocked) {
-			e.errorf("another watchdog is running for %s", root.Path)
-			if *once {
-				return ExitOK // overlapping cron passes are normal; the other one does the work
-			}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigs)
+	ping := func() { deploy.Notify("WATCHDOG=1") }
+	if !*once {
+		deploy.Notify("READY=1")
+	}
+	var unlock func()
+	for waited := false; ; waited = true {
+		var err error
+		unlock, err = root.TryLock(lease.WatchdogLock)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, rundir.ErrLocked) {
+			e.errorf("%v", err)
 			return ExitFailure
 		}
-		e.errorf("%v", err)
-		return ExitFailure
+		if *once {
+			// Overlapping cron passes are normal: the other one does the work.
+			e.errorf("another watchdog is running for %s; leaving this pass to it", root.Path)
+			return ExitOK
+		}
+		// A service waits its turn instead of failing and being restarted
+		// in a loop while, say, a manual --once holds the lock.
+		if !waited {
+			e.errorf("another watchdog is running for %s; waiting for it to finish", root.Path)
+		}
+		ping()
+		select {
+		case <-sigs:
+			return ExitOK
+		case <-e.Ctx.Done():
+			return ExitOK
+		case <-time.After(time.Second):
+		}
 	}
 	defer unlock()
 
 	enc := json.NewEncoder(e.Stdout)
 	pass := func() {
-		acts, err := lease.Pass(root, lease.WatchOptions{Grace: time.Duration(grace)})
+		acts, err := lease.Pass(root, lease.WatchOptions{Grace: time.Duration(grace), Progress: ping})
 		if err != nil {
 			e.errorf("watchdog pass over %s: %v", root.Path, err)
 		}
@@ -72,19 +97,15 @@ func runWatchdog(e *Env, args []string) int {
 		return ExitOK
 	}
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
-	defer signal.Stop(sigs)
 	every := time.Duration(interval)
-	if wd := deploy.WatchdogInterval(); wd > 0 && wd/2 < every {
-		every = wd / 2 // keep petting systemd's watchdog in time
+	if wd := deploy.WatchdogInterval(); wd > 0 && wd < every {
+		every = wd // already half of WatchdogSec=, as sd_watchdog_enabled(3) advises
 	}
-	deploy.Notify("READY=1")
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		pass()
-		deploy.Notify("WATCHDOG=1")
+		ping()
 		select {
 		case <-sigs:
 			deploy.Notify("STOPPING=1")

@@ -38,6 +38,10 @@ type Action struct {
 type WatchOptions struct {
 	Grace time.Duration // 0: each run's own grace_seconds
 	Now   func() time.Time
+	// Progress, if set, is called after each run is looked at, so a long
+	// pass (several stops, each up to grace + KillWait) can keep a service
+	// manager's watchdog fed.
+	Progress func()
 }
 
 // Pass looks at every run under root once and stops each whose deadline has
@@ -56,6 +60,9 @@ func Pass(root *rundir.Root, o WatchOptions) ([]Action, error) {
 	for _, id := range ids {
 		if a := check(root, id, o); a != nil {
 			out = append(out, *a)
+		}
+		if o.Progress != nil {
+			o.Progress()
 		}
 	}
 	return out, nil
