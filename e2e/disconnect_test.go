@@ -94,6 +94,8 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 
 	h.disconnect(s, r)
 	h.stillRunsAfterDisconnect(id, r, deadline)
+	// Reattach over new connections while the run lives on.
+	checkReattach := h.reattach(id)
 
 	final := h.waitTerminal(id)
 	wantFinal(t, final, "cancelled", "lease", 124)
@@ -117,27 +119,50 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 	} else {
 		t.Log("reconcile not checked: agent-wrap has no reconcile command yet")
 	}
-	h.reattachChecks(id, 124)
+	checkReattach(124)
 }
 
-// reattachChecks checks, where the commands exist, what a controller that
-// lost its connection does next: `logs` prints stdout.log byte for byte and
-// `wait` exits as run would have.
-func (h *harness) reattachChecks(id string, code int) {
+// reattach starts, where the commands exist, what a controller that lost its
+// connection does next: `logs -f` and `wait` over new connections. The
+// returned func, called once the run is terminal, checks that `logs -f`
+// followed to the end and printed stdout.log byte for byte, and that `wait`
+// exited with code. (Should the run end before the new connections are up,
+// both must still say the same.)
+func (h *harness) reattach(id string) func(code int) {
 	h.t.Helper()
+	var follow, waiter *stream
 	if haveCommands["logs"] {
-		want, err := os.ReadFile(filepath.Join(h.root, id, "stdout.log"))
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		r := h.ssh("logs", "-f", id)
-		if r.code != 0 || r.stdout != string(want) {
-			h.t.Errorf("logs -f %s over ssh: exit %d, %d bytes; want exit 0 and stdout.log's %d bytes", id, r.code, len(r.stdout), len(want))
-		}
+		follow = h.start(nil, "logs", "-f", id)
 	}
 	if haveCommands["wait"] {
-		if r := h.ssh("wait", "--timeout", "20s", id); r.code != code {
-			h.t.Errorf("wait %s over ssh: exit %d, want %d (stderr %q)", id, r.code, code, r.stderr)
+		waiter = h.start(nil, "wait", "--timeout", "25s", id)
+	}
+	if follow != nil {
+		var live bool
+		eventually(h.t, "logs -f to print or the run to end", func() bool {
+			st, err := h.status(id)
+			live = err == nil && !st.terminal()
+			return follow.stdout() != "" || !live
+		})
+		h.t.Logf("logs -f attached while the run was live: %v", live)
+	}
+	return func(code int) {
+		h.t.Helper()
+		if follow != nil {
+			got := follow.wait(h.t)
+			want, err := os.ReadFile(filepath.Join(h.root, id, "stdout.log"))
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			if out := follow.stdout(); got != 0 || out != string(want) {
+				h.t.Errorf("logs -f %s over ssh: exit %d, %d bytes; want exit 0 and stdout.log's %d bytes\nstderr: %s",
+					id, got, len(out), len(want), follow.stderr())
+			}
+		}
+		if waiter != nil {
+			if got := waiter.wait(h.t); got != code {
+				h.t.Errorf("wait %s over ssh: exit %d, want %d\nstderr: %s", id, got, code, waiter.stderr())
+			}
 		}
 	}
 }
