@@ -95,7 +95,8 @@ func (e *Env) Run(args []string) int {
 		case a == "--version":
 			args = append([]string{"version"}, args[1:]...)
 		default:
-			return e.usageError("unknown flag %s before the command", a)
+			// Run flags in the short form: agent-wrap --lease 3s ID -- CMD.
+			return commands["run"].run(e, args)
 		}
 	}
 	if len(args) == 0 {
@@ -167,6 +168,7 @@ func (e *Env) parse(fs *pflag.FlagSet, args []string) (code int, ok bool) {
 		if errors.Is(err, pflag.ErrHelp) {
 			return ExitOK, false
 		}
+		e.errorf("%s: %v", fs.Name(), err)
 		e.hint("see 'agent-wrap %s --help'", fs.Name())
 		return ExitUsage, false
 	}
