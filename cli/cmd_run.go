@@ -48,6 +48,7 @@ type runFlags struct {
 	detach       bool
 	noStream     bool
 	onHangup     string
+	cgroup       string
 	detachFD     int // set only in the supervisor that --detach starts (detach.go)
 }
 
@@ -59,6 +60,7 @@ func runRun(e *Env, args []string) int {
 	fs.BoolVar(&rf.detach, "detach", false, "return once the run is running, printing its record; the supervisor lives on")
 	fs.BoolVar(&rf.noStream, "no-stream", false, "do not copy the job's logs to this command's stdout and stderr")
 	fs.StringVar(&rf.onHangup, "on-hangup", wrapper.HangupCancel, "on SIGHUP: cancel or ignore")
+	fs.StringVar(&rf.cgroup, "cgroup", wrapper.CgroupAuto, "auto: give the run its own cgroup v2 where the host allows it; off: never")
 	fs.IntVar(&rf.detachFD, "detach-fd", 0, "internal: write the running record to `FD` (the --detach supervisor)")
 	_ = fs.MarkHidden("detach-fd")
 	if code, ok := e.parse(fs, args); !ok {
@@ -84,6 +86,9 @@ func runRun(e *Env, args []string) int {
 	if rf.onHangup != wrapper.HangupCancel && rf.onHangup != wrapper.HangupIgnore {
 		return e.usageError("--on-hangup must be cancel or ignore, not %q", rf.onHangup)
 	}
+	if rf.cgroup != wrapper.CgroupAuto && rf.cgroup != wrapper.CgroupOff {
+		return e.usageError("--cgroup must be auto or off, not %q", rf.cgroup)
+	}
 	if rf.detach {
 		return e.runDetached(id, argv, rf)
 	}
@@ -102,6 +107,7 @@ func runRun(e *Env, args []string) int {
 		Grace:    time.Duration(rf.grace),
 		Stream:   !rf.noStream,
 		OnHangup: rf.onHangup,
+		Cgroup:   rf.cgroup,
 		Stdout:   e.Stdout,
 		Stderr:   e.Stderr,
 		Diag:     e.Stderr,

@@ -71,7 +71,8 @@ func assertDead(t *testing.T, esc []statusfile.Escaped) {
 }
 
 // Escapes are journaled, recorded and stopped, whichever way the run ends:
-// cancel, lease expiry, or the leader exiting normally.
+// cancel, lease expiry, or the leader exiting normally; with the run's own
+// cgroup and without one (session and subreaper tree alone).
 func TestEscapesStopped(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -88,22 +89,24 @@ func TestEscapesStopped(t *testing.T) {
 		{"lease", []string{"--lease", "2s"}, "sleep 300", nil, statusfile.Cancelled},
 		{"leader-exit", nil, "sleep 1; exit 0", nil, statusfile.Finished},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			root := runtest.NewRoot(t)
-			args := append(append([]string{"--grace", "2s"}, tc.args...), append([]string{tc.name, "--"}, escapingJob(tc.body)...)...)
-			c, r := startRun(t, root, tc.name, args...)
-			rec := r.WaitState(t, statusfile.Running)
-			esc := waitEscapes(t, r)
-			if tc.end != nil {
-				tc.end(t, root, r, rec)
-			}
-			c.Wait(t)
-			r.AssertGroupEmpty(t)
-			assertDead(t, esc)
-			if got := r.MustStatus(t).State; got != tc.want {
-				t.Fatalf("state %s, want %s", got, tc.want)
-			}
-		})
+		for _, cg := range []string{"auto", "off"} {
+			t.Run(tc.name+"/cgroup-"+cg, func(t *testing.T) {
+				root := runtest.NewRoot(t)
+				args := append(append([]string{"--grace", "2s", "--cgroup", cg}, tc.args...), append([]string{tc.name, "--"}, escapingJob(tc.body)...)...)
+				c, r := startRun(t, root, tc.name, args...)
+				rec := r.WaitState(t, statusfile.Running)
+				esc := waitEscapes(t, r)
+				if tc.end != nil {
+					tc.end(t, root, r, rec)
+				}
+				c.Wait(t)
+				r.AssertGroupEmpty(t)
+				assertDead(t, esc)
+				if got := r.MustStatus(t).State; got != tc.want {
+					t.Fatalf("state %s, want %s", got, tc.want)
+				}
+			})
+		}
 	}
 }
 

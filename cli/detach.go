@@ -81,7 +81,7 @@ func runDetach(e *Env, id string, argv []string, rf runFlags) int {
 
 	args := []string{os.Args[0], "--root", root.Path, "run", "--no-stream",
 		"--lease", time.Duration(rf.lease).String(), "--grace", time.Duration(rf.grace).String(),
-		"--on-hangup", rf.onHangup, "--detach-fd", fmt.Sprint(detachFD), id, "--"}
+		"--on-hangup", rf.onHangup, "--cgroup", rf.cgroup, "--detach-fd", fmt.Sprint(detachFD), id, "--"}
 	cmd := &exec.Cmd{
 		Path:       exe,
 		Args:       append(args, argv...),
@@ -115,7 +115,12 @@ func runDetach(e *Env, id string, argv []string, rf runFlags) int {
 			e.Stdout.Write(b)
 			return ExitOK
 		}
+		// Something was reported, so the supervisor reached `running`: do
+		// not wait for the whole run to say that the report was garbled.
+		_ = cmd.Process.Release()
 		e.errorf("run %s: --detach: the supervisor reported something that is not a record: %v", id, err)
+		e.hint("see what happened with 'agent-wrap reconcile %s'", id)
+		return ExitSoftware
 	}
 	// No record: the supervisor ended before the run was running. Its own
 	// messages have been relayed; its exit code is the answer.

@@ -105,6 +105,7 @@ type Record struct {
 	GraceSeconds float64   `json:"grace_seconds"`
 	OnHangup     string    `json:"on_hangup,omitempty"`
 	Boundary     string    `json:"boundary,omitempty"`
+	Cgroup       string    `json:"cgroup,omitempty"`
 	Escaped      []Escaped `json:"escaped,omitempty"`
 	Survivors    []int     `json:"survivors"`
 }

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
@@ -86,8 +87,21 @@ func Live(rec *statusfile.Record) (targets []Target, rejected []string, err erro
 			rejected = append(rejected, fmt.Sprintf("pid %d started at tick %d, not the recorded leader_start %d: PID reused; its process group %d is not this run's, left alone", p.PID, p.Start, rec.LeaderStart, rec.PGID))
 		}
 	}
+	inCgroup := map[int]bool{}
+	if rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
+		pids, _ := cgroup.Procs(rec.Cgroup)
+		for _, p := range pids {
+			inCgroup[p] = true
+		}
+	}
 	for _, p := range all {
 		if p.Dead() {
+			continue
+		}
+		if inCgroup[p.PID] {
+			// In the run's own cgroup: nothing else is ever put there, and
+			// membership is a live fact, not a recorded claim.
+			targets = append(targets, Target{Stat: p, Escaped: p.PGID != rec.PGID || groupReused})
 			continue
 		}
 		if e, ok := esc[p.PID]; ok {

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -113,6 +114,12 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 						fresh = append(fresh, t)
 					}
 				}
+				if sig == unix.SIGKILL && rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
+					journal.Append(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": PIDs(ts), "by": o.By}, false)
+					if err := cgroup.Kill(rec.Cgroup); err != nil {
+						fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
+					}
+				}
 				if len(fresh) > 0 {
 					journal.Append(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": PIDs(fresh), "by": o.By}, false)
 					for _, t := range fresh {
@@ -140,6 +147,9 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		}
 		rep.Record = rec
 		survivors := PIDs(left)
+		if rec.Cgroup != "" && len(survivors) == 0 && cgroup.Valid(rec.Cgroup) {
+			cgroup.Remove(rec.Cgroup)
+		}
 		return finalize(d, rep, cause, survivors, o)
 	}
 	rep.Record = rec

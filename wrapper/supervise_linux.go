@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -53,6 +54,7 @@ type supervisor struct {
 	leaderSig    unix.Signal
 
 	escaped map[int]statusfile.Escaped // by PID; validated by start time
+	cgroup  string                     // the run's cgroup directory, if it has one
 
 	journalMu sync.Mutex
 }
@@ -108,7 +110,7 @@ func (s *supervisor) run() *Result {
 		LeaseSeconds: cfg.Lease.Seconds(),
 		GraceSeconds: cfg.Grace.Seconds(),
 		OnHangup:     cfg.OnHangup,
-		Boundary:     "session+subreaper",
+		Boundary:     BoundarySubreaper,
 	}
 	s.writeRecord(true)
 	s.journal("created", journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart,
@@ -139,8 +141,12 @@ func (s *supervisor) run() *Result {
 	s.rec.PID, s.rec.PGID, s.rec.SID = s.leader, s.leader, s.leader
 	s.rec.LeaderStart = s.leaderStart
 	s.rec.StartedAt = statusfile.Timestamp(time.Now())
-	s.journal("started", journal.Fields{"pid": s.leader, "pgid": s.leader, "sid": s.leader,
-		"leader_start": s.leaderStart, "deadline_epoch": deadline}, false)
+	started := journal.Fields{"pid": s.leader, "pgid": s.leader, "sid": s.leader,
+		"leader_start": s.leaderStart, "deadline_epoch": deadline, "boundary": s.rec.Boundary}
+	if s.cgroup != "" {
+		started["cgroup"] = s.cgroup
+	}
+	s.journal("started", started, false)
 	s.writeRecord(true)
 	if cfg.Running != nil {
 		r := s.rec
@@ -165,6 +171,11 @@ func (s *supervisor) run() *Result {
 
 	// 8. Reap, record, drain.
 	s.reapAll()
+	if s.cgroup != "" {
+		if err := cgroup.Remove(s.cgroup); err != nil {
+			s.warn("cannot remove the run's cgroup: %v", err)
+		}
+	}
 	res := s.finish(cause, survivors)
 	if streams != nil {
 		streams.finish()
@@ -215,7 +226,26 @@ func (s *supervisor) launch() (int, error) {
 		Files: []uintptr{stdin.Fd(), out.Fd(), errf.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
+	var cg *cgroup.Group
+	if s.cfg.Cgroup != CgroupOff {
+		// The job starts inside its own cgroup (clone3 CLONE_INTO_CGROUP):
+		// there is no moment at which it or a child is outside it.
+		var err error
+		if cg, err = cgroup.Create(fmt.Sprintf("%s.%d", s.cfg.ID, s.self)); err == nil {
+			defer cg.Close()
+			attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, cg.FD()
+		}
+	}
 	pid, err := syscall.ForkExec(path, argv, attr)
+	if err != nil && cg != nil && cloneIntoCgroupUnsupported(err) {
+		cgroup.Remove(cg.Path)
+		cg = nil
+		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
+		pid, err = syscall.ForkExec(path, argv, attr)
+	}
+	if err != nil && cg != nil {
+		cgroup.Remove(cg.Path)
+	}
 	if err != nil {
 		var errno syscall.Errno
 		if errors.As(err, &errno) {
@@ -238,10 +268,32 @@ func (s *supervisor) launch() (int, error) {
 		_ = unix.Kill(pid, unix.SIGKILL)
 		var ws unix.WaitStatus
 		_, _ = unix.Wait4(pid, &ws, 0, nil)
+		if cg != nil {
+			cgroup.Remove(cg.Path)
+		}
 		return ExitLaunchFailed, err
 	}
 	s.leader, s.leaderStart = pid, st.Start
+	if cg != nil {
+		s.cgroup = cg.Path
+		s.rec.Boundary, s.rec.Cgroup = BoundaryCgroup, cg.Path
+	}
 	return 0, nil
+}
+
+// cloneIntoCgroupUnsupported reports whether ForkExec failed because the
+// kernel cannot start a process into a cgroup (clone3 missing before Linux
+// 5.3, CLONE_INTO_CGROUP before 5.7), as opposed to an exec failure.
+func cloneIntoCgroupUnsupported(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case unix.ENOSYS, unix.EINVAL, unix.E2BIG, unix.EOPNOTSUPP, unix.EBUSY:
+		return true
+	}
+	return false
 }
 
 func (s *supervisor) launchFailed(code int, err error) *Result {
@@ -476,6 +528,13 @@ func (s *supervisor) scan(record bool) []target {
 			}
 		}
 	}
+	inCgroup := map[int]bool{}
+	if s.cgroup != "" {
+		pids, _ := cgroup.Procs(s.cgroup)
+		for _, p := range pids {
+			inCgroup[p] = true
+		}
+	}
 	var out []target
 	for _, p := range all {
 		if p.PPID == s.self && p.Dead() && p.PID != s.leader {
@@ -499,8 +558,11 @@ func (s *supervisor) scan(record bool) []target {
 			continue
 		}
 		// Escaped earlier and since reparented away from us (cannot happen
-		// while we are its subreaper, but the record is the authority).
+		// while we are its subreaper, but the record is the authority), or
+		// in the run's cgroup, which nothing leaves by forking.
 		if e, ok := s.escaped[p.PID]; ok && e.Start == p.Start {
+			out = append(out, target{Stat: p, escaped: true})
+		} else if inCgroup[p.PID] {
 			out = append(out, target{Stat: p, escaped: true})
 		}
 	}
@@ -581,8 +643,18 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target) {
 			target = "escaped"
 		}
 	}
+	useCgroupKill := sig == unix.SIGKILL && s.cgroup != ""
+	if useCgroupKill {
+		target += "+cgroup"
+		f["cgroup"] = s.cgroup
+	}
 	f["target"] = target
 	s.journal("signal_sent", f, false)
+	if useCgroupKill {
+		if err := cgroup.Kill(s.cgroup); err != nil {
+			s.warn("cgroup.kill %s: %v (signalling each process instead)", s.cgroup, err)
+		}
+	}
 	if len(group) > 0 {
 		if err := unix.Kill(-s.leader, sig); err != nil && err != unix.ESRCH {
 			s.warn("kill(-%d, %s): %v", s.leader, proc.SignalName(sig), err)

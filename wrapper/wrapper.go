@@ -39,6 +39,18 @@ const (
 	HangupIgnore = "ignore"
 )
 
+// Cgroup policies for Config.Cgroup.
+const (
+	CgroupAuto = "auto"
+	CgroupOff  = "off"
+)
+
+// Boundaries recorded in status.json: what contained the run.
+const (
+	BoundarySubreaper = "session+subreaper"
+	BoundaryCgroup    = "cgroup"
+)
+
 // Config is one run to supervise.
 type Config struct {
 	Root *rundir.Root
@@ -49,6 +61,9 @@ type Config struct {
 	Grace    time.Duration // between TERM and KILL
 	Stream   bool          // copy the logs to Stdout/Stderr while they can be written
 	OnHangup string        // HangupCancel or HangupIgnore
+	// Cgroup is CgroupAuto (the run gets its own cgroup v2 where the host
+	// lets us create one) or CgroupOff.
+	Cgroup string
 
 	// Stdin becomes the job's fd 0; nil means /dev/null.
 	Stdin *os.File

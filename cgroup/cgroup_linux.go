@@ -1,0 +1,197 @@
+// Package cgroup gives a run its own cgroup v2 where the host delegates a
+// writable subtree to the caller, so a stop can end with cgroup.kill: a
+// boundary no descendant can leave by setsid or double-forking.
+//
+// Requirements, probed at run time: a cgroup2 mount (unified or hybrid
+// hierarchy), write access to the caller's own cgroup directory (root, or
+// a subtree delegated by systemd), clone3 with CLONE_INTO_CGROUP (Linux 5.7)
+// to start the job inside the cgroup with no window outside it, and
+// cgroup.kill (Linux 5.14) to kill it whole; without cgroup.kill, Kill falls
+// back to signalling every PID listed in cgroup.procs. When any of this is
+// missing the run falls back to its session and the wrapper's subreaper
+// tree, which contain everything but a process that leaves both.
+package cgroup
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Parent is the directory, below the caller's own cgroup, that holds the
+// runs' cgroups.
+const Parent = "agent-wrap"
+
+// ErrUnavailable is returned (wrapped) when no writable cgroup v2 subtree
+// is available.
+var ErrUnavailable = errors.New("no writable cgroup v2 subtree")
+
+// Mount returns the cgroup2 mount point from /proc/self/mountinfo.
+func Mount() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS ... - FSTYPE SOURCE SUPEROPTS
+		line := sc.Text()
+		i := strings.Index(line, " - ")
+		if i < 0 {
+			continue
+		}
+		post := strings.Fields(line[i+3:])
+		pre := strings.Fields(line[:i])
+		if len(post) > 0 && post[0] == "cgroup2" && len(pre) >= 5 {
+			return unescapeMount(pre[4]), nil
+		}
+	}
+	return "", fmt.Errorf("%w: no cgroup2 mount", ErrUnavailable)
+}
+
+func unescapeMount(s string) string {
+	// mountinfo escapes space, tab, newline and backslash as \ooo.
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Self returns the caller's cgroup v2 path (relative to the mount), from the
+// "0::" line of /proc/self/cgroup.
+func Self() (string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if rest, ok := bytes.CutPrefix(line, []byte("0::")); ok {
+			return string(rest), nil
+		}
+	}
+	return "", fmt.Errorf("%w: not in a cgroup v2 hierarchy", ErrUnavailable)
+}
+
+// Group is one run's cgroup.
+type Group struct {
+	Path string // absolute directory
+	fd   int    // O_PATH|O_DIRECTORY descriptor, for CLONE_INTO_CGROUP
+}
+
+// Create makes the run's cgroup, name, below the caller's own cgroup (in its
+// Parent directory), and opens it for CLONE_INTO_CGROUP.
+func Create(name string) (*Group, error) {
+	mnt, err := Mount()
+	if err != nil {
+		return nil, err
+	}
+	self, err := Self()
+	if err != nil {
+		return nil, err
+	}
+	parent := filepath.Join(mnt, self, Parent)
+	if err := unix.Mkdir(parent, 0o755); err != nil && err != unix.EEXIST {
+		return nil, fmt.Errorf("%w: mkdir %s: %v", ErrUnavailable, parent, err)
+	}
+	path := filepath.Join(parent, name)
+	if err := unix.Mkdir(path, 0o755); err != nil {
+		return nil, fmt.Errorf("%w: mkdir %s: %v", ErrUnavailable, path, err)
+	}
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Rmdir(path)
+		return nil, fmt.Errorf("%w: open %s: %v", ErrUnavailable, path, err)
+	}
+	return &Group{Path: path, fd: fd}, nil
+}
+
+// FD is the descriptor for SysProcAttr.CgroupFD.
+func (g *Group) FD() int { return g.fd }
+
+// Close releases the descriptor (the cgroup stays).
+func (g *Group) Close() {
+	if g.fd >= 0 {
+		unix.Close(g.fd)
+		g.fd = -1
+	}
+}
+
+// Valid reports whether path looks like a run cgroup this package made: an
+// absolute path inside the cgroup2 mount, in a Parent directory. A path from
+// a record is a claim; this keeps cancel from writing cgroup.kill anywhere
+// else.
+func Valid(path string) bool {
+	mnt, err := Mount()
+	if err != nil || path == "" || !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false
+	}
+	rel, err := filepath.Rel(mnt, path)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return false
+	}
+	return filepath.Base(filepath.Dir(path)) == Parent
+}
+
+// Procs lists the PIDs in the cgroup (not recursive: runs get no children).
+// A cgroup that is gone has none.
+func Procs(path string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if v, err := strconv.Atoi(f); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+// Kill kills every process in the cgroup with cgroup.kill (Linux 5.14),
+// which the kernel applies to the whole cgroup at once, forks in flight
+// included. Where cgroup.kill is missing it returns an error wrapping
+// os.ErrNotExist and the caller signals the PIDs itself.
+func Kill(path string) error {
+	f, err := os.OpenFile(filepath.Join(path, "cgroup.kill"), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.WriteString("1")
+	return err
+}
+
+// Remove deletes the cgroup; it fails (EBUSY) while a process is in it.
+func Remove(path string) error {
+	err := unix.Rmdir(path)
+	if err == unix.ENOENT {
+		return nil
+	}
+	if err != nil {
+		return &os.PathError{Op: "rmdir", Path: path, Err: err}
+	}
+	return nil
+}
