@@ -30,11 +30,13 @@
 // sshd runs with UsePAM no, so a remote command sees sshd's own small
 // environment: HOME, USER, LOGNAME, SHELL, MAIL, SSH_CLIENT, SSH_CONNECTION
 // and PATH set to sshd's compiled-in default (on Debian, for root,
-// /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin), plus whatever
-// the login user's shell startup files add: Debian's bash reads ~/.bashrc for
-// commands run by sshd, which also makes every command as slow as that file.
-// Nothing from the test's own environment crosses, not even TMPDIR, so refer
-// to binaries built by the test by absolute path. Two ways to pass variables:
+// /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin). On a real
+// host Debian's bash also reads ~/.bashrc for commands run by sshd; this
+// server sets SHLVL=1 in the session (SetEnv), which makes bash skip it, so
+// that tests neither depend on the account's startup files nor wait for them
+// (a heavy .bashrc took seconds per login on a loaded machine). Nothing from
+// the test's own environment crosses, not even TMPDIR, so refer to binaries
+// built by the test by absolute path. Two ways to pass variables:
 //   - Prefix the remote command: `env AGENT_WRAP_ROOT=/tmp/x /abs/agent-wrap ...`.
 //     Always works; this is what a controller should do.
 //   - `-o SetEnv=NAME=VALUE` on the client (see CommandWith). sshd accepts only
@@ -210,6 +212,10 @@ func (s *Server) config(hostKey, authKeys string) string {
 		"StrictModes no",
 		"PermitUserEnvironment no",
 		"AcceptEnv AGENT_WRAP_* SSHTEST_* LANG LC_*",
+		// bash reads ~/.bashrc for commands run by sshd, but only when it is
+		// the first shell level: keep the account's startup files (slow, and
+		// not what is under test) out of every login.
+		"SetEnv SHLVL=1",
 		"X11Forwarding no",
 		"AllowTcpForwarding no",
 		"AllowAgentForwarding no",

@@ -114,8 +114,11 @@ func TestRemoteEnvironment(t *testing.T) {
 	if got != "bee|/tmp/r|" {
 		t.Errorf("SetEnv: got %q, want %q", got, "bee|/tmp/r|")
 	}
-	// PATH is sshd's default plus whatever the login user's shell startup
-	// files add (bash reads ~/.bashrc for ssh commands): only logged.
+	// The account's ~/.bashrc is not read (SHLVL=1 from sshd makes bash skip
+	// it); PATH is sshd's compiled-in default: only logged.
+	if got := run(nil, `echo "$SHLVL"`); got != "2" {
+		t.Errorf("remote SHLVL = %q, want 2 (sshd's SetEnv SHLVL=1, plus bash's own level)", got)
+	}
 	t.Logf("remote PATH: %s", run(nil, `echo "$PATH"`))
 }
 
