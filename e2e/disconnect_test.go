@@ -103,13 +103,15 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 	if alive(r.PID, r.LeaderStart) {
 		t.Errorf("job leader %d alive after the lease ended", r.PID)
 	}
+	// The journal's final event may follow the terminal status.json; the
+	// wrapper has written both once it has exited.
+	eventually(t, "the wrapper to exit after its final record", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
 	ev := h.events(id)
 	for _, want := range []string{"stream_lost", "deadline_expired", "final"} {
 		if !contains(ev, want) {
 			t.Errorf("journal lacks %q: %v", want, ev)
 		}
 	}
-	eventually(t, "the wrapper to exit after its final record", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
 
 	if haveCommands["reconcile"] {
 		code, v := h.reconcileJSON(id)
