@@ -109,7 +109,13 @@ func runDetach(e *Env, id string, argv []string, rf runFlags) int {
 	if len(report) > 0 {
 		rec, err := statusfile.Parse(report)
 		if err == nil {
-			<-relayed // closed before the report was written
+			// The supervisor pointed its stderr at /dev/null before it
+			// wrote the report, so the relay ends at once; the timer only
+			// guards against a supervisor that could not.
+			select {
+			case <-relayed:
+			case <-time.After(2 * time.Second):
+			}
 			_ = cmd.Process.Release()
 			b, _ := statusfile.Marshal(rec)
 			e.Stdout.Write(b)
