@@ -355,3 +355,83 @@ func TestRunJobHasOnlyStdio(t *testing.T) {
 	c.Wait(t)
 	r.AssertGroupEmpty(t)
 }
+
+// INT and HUP to the wrapper cancel with their own cause and code;
+// --on-hangup ignore keeps the job on HUP (journaled), until a TERM.
+func TestRunSignalCauses(t *testing.T) {
+	root := runtest.NewRoot(t)
+	for _, tc := range []struct {
+		sig   unix.Signal
+		cause string
+		code  int
+	}{{unix.SIGINT, statusfile.CauseINT, 130}, {unix.SIGHUP, statusfile.CauseHUP, 129}} {
+		id := "sig-" + tc.cause[len("signal:"):]
+		c, r := startRun(t, root, id, id, "--", "sleep", "300")
+		rec := r.WaitState(t, statusfile.Running)
+		unix.Kill(rec.WrapperPID, tc.sig)
+		if code := c.Wait(t); code != tc.code {
+			t.Fatalf("%s: exit %d, want %d", tc.cause, code, tc.code)
+		}
+		r.AssertGroupEmpty(t)
+		if rec := r.MustStatus(t); rec.State != statusfile.Cancelled || rec.Cause != tc.cause || rec.Code() != tc.code {
+			t.Fatalf("%s: state %s cause %s code %d", tc.cause, rec.State, rec.Cause, rec.Code())
+		}
+	}
+	c, r := startRun(t, root, "hup-ignored", "--on-hangup", "ignore", "hup-ignored", "--", "sleep", "300")
+	rec := r.WaitState(t, statusfile.Running)
+	unix.Kill(rec.WrapperPID, unix.SIGHUP)
+	runtest.Eventually(t, "hangup_ignored in the journal", func() bool {
+		return strings.Contains(r.File("events.jsonl"), `"event":"hangup_ignored"`)
+	})
+	if c.Exited() || !runtest.AliveAs(rec.PID, rec.LeaderStart) {
+		t.Fatal("the job did not survive an ignored hangup")
+	}
+	unix.Kill(rec.WrapperPID, unix.SIGTERM)
+	if code := c.Wait(t); code != 143 {
+		t.Fatalf("exit %d", code)
+	}
+	r.AssertGroupEmpty(t)
+}
+
+// The stream closes (the reader goes away): the wrapper does not die of
+// SIGPIPE, journals stream_lost, and the job runs to its own end with every
+// byte in stdout.log.
+func TestRunStreamLostJobUnaffected(t *testing.T) {
+	root := runtest.NewRoot(t)
+	r := runtest.Run{Root: root, ID: "pipe"}
+	t.Cleanup(r.Kill)
+	cmd := exec.Command(runtest.Binary(t), "--root", root, "run", "pipe", "--",
+		"sh", "-c", "i=0; while [ $i -lt 2000 ]; do echo line $i; i=$((i+1)); done; sleep 1; echo done")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 10)
+	if _, err := out.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	out.Close() // the controller's end of the stream is gone
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(runtest.Patience):
+		t.Fatal("wrapper did not finish")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("wrapper exit %d (%v), want the job's 0", code, cmd.ProcessState)
+	}
+	log := r.File("stdout.log")
+	if !strings.HasPrefix(log, "line 0\n") || !strings.HasSuffix(log, "line 1999\ndone\n") || strings.Count(log, "\n") != 2001 {
+		t.Fatalf("stdout.log incomplete: %d lines", strings.Count(log, "\n"))
+	}
+	if !strings.Contains(r.File("events.jsonl"), `"event":"stream_lost"`) {
+		t.Fatalf("no stream_lost: %v", r.Events(t))
+	}
+	if rec := r.MustStatus(t); rec.State != statusfile.Finished || rec.Code() != 0 {
+		t.Fatalf("state %s code %d", rec.State, rec.Code())
+	}
+}
