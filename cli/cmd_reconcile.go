@@ -111,7 +111,7 @@ func humanVerdict(v reconcile.Verdict) string {
 	if v.ExitCode != nil {
 		fmt.Fprintf(&b, " (exit %d)", *v.ExitCode)
 	}
-	if v.Supervisor == reconcile.SupervisorLost {
+	if v.Supervisor == reconcile.SupervisorLost && !strings.HasPrefix(v.Reason, "supervisor lost") {
 		b.WriteString(", supervisor lost")
 	}
 	b.WriteString(": " + v.Reason)
