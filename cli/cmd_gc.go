@@ -91,6 +91,13 @@ func (e *Env) collect(root *rundir.Root, id string, cutoff time.Time, dry bool) 
 		return true
 	}
 	defer d.Close()
+	// A run that ended too recently is kept without judging it: judging
+	// scans the process table, and most runs under a root are such runs.
+	if rec, err := statusfile.Read(d); err == nil && statusfile.Terminal(rec.State) {
+		if ended, err := time.Parse(time.RFC3339Nano, rec.EndedAt); err == nil && ended.After(cutoff) {
+			return true
+		}
+	}
 	v := reconcile.Decide(reconcile.Gather(d))
 	switch {
 	case v.Outcome == reconcile.Unknown:
