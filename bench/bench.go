@@ -102,5 +102,11 @@ func WaitUntil(timeout, interval time.Duration, cond func() (bool, error)) error
 	}
 }
 
+// Now and Since time an operation in seconds on the monotonic clock.
+func Now() time.Time { return time.Now() }
+
+// Since returns the seconds since t0.
+func Since(t0 time.Time) float64 { return time.Since(t0).Seconds() }
+
 // Ms renders a duration in milliseconds, as the report shows times.
 func Ms(d float64) string { return fmt.Sprintf("%.2f ms", d*1e3) }

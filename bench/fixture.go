@@ -1,8 +1,12 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -17,7 +21,7 @@ import (
 // Fixture writes synthetic run directories that every reader of a run root
 // accepts: status.json through statusfile.Marshal, pid, pgid,
 // deadline_epoch, empty logs and lock, and a hash-chained events.jsonl
-// through journal.Append. Nothing is fsynced: the fixture is data to be
+// made by journal.Append. Nothing is fsynced: the fixture is data to be
 // scanned, not a record to survive a crash, and 50,000 fsyncs would take
 // minutes here.
 //
@@ -40,19 +44,93 @@ type Fixture struct {
 	Dead    proc.Stat
 }
 
-// Write creates the runs prefix-<from> ... prefix-<to-1>, live or finished.
+// Write creates the runs prefix-<from> ... prefix-<to-1>, live or finished,
+// with one writer per CPU.
 func (fx *Fixture) Write(prefix string, from, to int, live bool) error {
 	now := time.Now()
-	for i := from; i < to; i++ {
-		id := prefix + "-" + strconv.Itoa(i)
-		if err := fx.writeRun(id, live, now); err != nil {
-			return err
-		}
+	events, err := fx.journal(live, now)
+	if err != nil {
+		return err
 	}
-	return nil
+	workers := runtime.NumCPU()
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := from + w; i < to; i += workers {
+				id := prefix + "-" + strconv.Itoa(i)
+				if err := fx.writeRun(id, live, now, events); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
-func (fx *Fixture) writeRun(id string, live bool, now time.Time) error {
+// times are the fixture's timestamps and deadline for a live or finished run.
+func times(live bool, now time.Time) (created time.Time, deadline int64) {
+	if live {
+		return now.Add(-time.Minute), lease.DeadlineAfter(now, time.Hour)
+	}
+	created = now.Add(-time.Hour)
+	return created, lease.DeadlineAfter(created, 5*time.Minute)
+}
+
+// journal returns the events.jsonl of a live or finished run. The events
+// name no run ID, so one journal, made by journal.Append in a scratch run,
+// serves every run of a kind: a 50,000-run fixture then costs a few files
+// per run instead of three locked appends.
+func (fx *Fixture) journal(live bool, now time.Time) ([]byte, error) {
+	tmp, err := os.MkdirTemp("", "awbench-journal-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	r, err := rundir.OpenRoot(tmp, false)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	d, err := r.Create("template")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	leader, wrapper := fx.Dead, fx.Dead
+	lsec := 300.0
+	if live {
+		leader, wrapper, lsec = fx.Leader, fx.Wrapper, 3600
+	}
+	_, deadline := times(live, now)
+	events := []struct {
+		name string
+		f    journal.Fields
+	}{
+		{"created", journal.Fields{"wrapper_pid": wrapper.PID, "wrapper_start": wrapper.Start,
+			"lease_seconds": lsec, "grace_seconds": 5, "boundary": "session+subreaper"}},
+		{"started", journal.Fields{"pid": leader.PID, "pgid": leader.PID, "sid": leader.PID,
+			"leader_start": leader.Start, "deadline_epoch": deadline}},
+	}
+	if !live {
+		events = append(events, struct {
+			name string
+			f    journal.Fields
+		}{"final", journal.Fields{"state": statusfile.Finished, "exit_code": 0, "survivors": []int{}}})
+	}
+	for _, e := range events {
+		if _, err := journal.Append(d, e.name, e.f, false); err != nil {
+			return nil, err
+		}
+	}
+	return d.ReadFile(rundir.EventsFile)
+}
+
+func (fx *Fixture) writeRun(id string, live bool, now time.Time, events []byte) error {
 	d, err := fx.Root.Create(id)
 	if err != nil {
 		return err
@@ -62,12 +140,7 @@ func (fx *Fixture) writeRun(id string, live bool, now time.Time) error {
 	if live {
 		leader, wrapper = fx.Leader, fx.Wrapper
 	}
-	created := now.Add(-time.Hour)
-	deadline := lease.DeadlineAfter(created, 5*time.Minute)
-	if live {
-		created = now.Add(-time.Minute)
-		deadline = lease.DeadlineAfter(now, time.Hour)
-	}
+	created, deadline := times(live, now)
 	rec := statusfile.Record{
 		Schema:       statusfile.Schema,
 		RunID:        id,
@@ -95,40 +168,29 @@ func (fx *Fixture) writeRun(id string, live bool, now time.Time) error {
 		rec.EndedAt = statusfile.Timestamp(created.Add(time.Second))
 		rec.Survivors = []int{}
 	}
-	pidLine := []byte(strconv.Itoa(leader.PID) + "\n")
-	if _, err := journal.Append(d, "created", journal.Fields{"wrapper_pid": wrapper.PID, "wrapper_start": wrapper.Start,
-		"lease_seconds": rec.LeaseSeconds, "grace_seconds": rec.GraceSeconds, "boundary": rec.Boundary}, false); err != nil {
+	b, err := statusfile.Marshal(&rec)
+	if err != nil {
 		return err
 	}
+	pidLine := []byte(strconv.Itoa(leader.PID) + "\n")
 	for _, f := range []struct {
 		name string
 		b    []byte
 	}{
+		{rundir.EventsFile, events},
 		{rundir.StdoutFile, nil},
 		{rundir.StderrFile, nil},
 		{rundir.LockFile, nil},
 		{rundir.PIDFile, pidLine},
 		{rundir.PGIDFile, pidLine},
 		{rundir.DeadlineFile, lease.FormatDeadline(deadline)},
+		{rundir.StatusFile, b},
 	} {
 		if err := writeFile(d, f.name, f.b); err != nil {
 			return err
 		}
 	}
-	if _, err := journal.Append(d, "started", journal.Fields{"pid": leader.PID, "pgid": leader.PID, "sid": leader.PID,
-		"leader_start": leader.Start, "deadline_epoch": deadline}, false); err != nil {
-		return err
-	}
-	if !live {
-		if _, err := journal.Append(d, "final", journal.Fields{"state": rec.State, "exit_code": 0, "survivors": []int{}}, false); err != nil {
-			return err
-		}
-	}
-	b, err := statusfile.Marshal(&rec)
-	if err != nil {
-		return err
-	}
-	return writeFile(d, rundir.StatusFile, b)
+	return nil
 }
 
 func writeFile(d *rundir.Dir, name string, b []byte) error {

@@ -53,20 +53,25 @@ func CountComm(ps []proc.Stat, name string) int {
 
 // VmHWM returns the peak resident set size of pid in bytes, from
 // /proc/PID/status. A zombie has no VmHWM line: an error.
-func VmHWM(pid int) (int64, error) {
+func VmHWM(pid int) (int64, error) { return StatusBytes(pid, "VmHWM") }
+
+// StatusBytes returns a "kB" field of /proc/PID/status (VmHWM, VmRSS,
+// RssAnon, RssFile ...) in bytes.
+func StatusBytes(pid int, field string) (int64, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		return 0, err
 	}
+	prefix := []byte(field + ":")
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte("VmHWM:")) {
+		if !bytes.HasPrefix(line, prefix) {
 			continue
 		}
-		f := bytes.Fields(line[len("VmHWM:"):])
+		f := bytes.Fields(line[len(prefix):])
 		if len(f) != 2 || string(f[1]) != "kB" {
-			return 0, fmt.Errorf("/proc/%d/status: odd VmHWM line %q", pid, line)
+			return 0, fmt.Errorf("/proc/%d/status: odd %s line %q", pid, field, line)
 		}
 		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
 		if err != nil {
@@ -74,7 +79,7 @@ func VmHWM(pid int) (int64, error) {
 		}
 		return kb << 10, nil
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmHWM (a zombie?)", pid)
+	return 0, fmt.Errorf("/proc/%d/status: no %s (a zombie?)", pid, field)
 }
 
 // Pidfd is a process pinned by a pidfd (Linux 5.3): its exit is seen the

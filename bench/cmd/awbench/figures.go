@@ -80,8 +80,12 @@ func (r *runner) startup() error {
 	if err != nil {
 		return err
 	}
+	ph := newPhases("created", "started", "leader_exited", "final")
 	aw := func() (float64, error) {
-		return r.timed(0, nil, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", r.id("startup"), "--", "true")
+		id := r.id("startup")
+		t0, end, err := r.span(0, nil, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "true")
+		ph.add(root, id, t0, end)
+		return end.Sub(t0).Seconds(), err
 	}
 	setsid := func() (float64, error) { return r.timed(0, nil, "setsid", "-w", "true") }
 	tini := func() (float64, error) { return r.timed(0, nil, "tini", "-s", "-g", "--", "true") }
@@ -103,6 +107,7 @@ func (r *runner) startup() error {
 		})
 	}
 	r.detail("startup `agent-wrap run --no-stream --lease 0 ID -- true`: %s", spread(s[0], bench.Ms))
+	r.detail("startup under agent-wrap, medians between the run's journal events: %s", ph.String("fork", "exit"))
 	r.detail("startup `setsid -w true`: %s", spread(s[1], bench.Ms))
 	r.detail("startup `tini -s -g -- true`: %s", spread(s[2], bench.Ms))
 	return nil
@@ -118,8 +123,10 @@ func (r *runner) cancel() error {
 	if err != nil {
 		return err
 	}
-	awTERM := func() (float64, error) { return r.cancelOnce(root, false) }
-	awCancel := func() (float64, error) { return r.cancelOnce(root, true) }
+	phTERM := newPhases("cancel_requested", "signal_sent", "final")
+	phCancel := newPhases("cancel_requested", "signal_sent", "final")
+	awTERM := func() (float64, error) { return r.cancelOnce(root, false, phTERM) }
+	awCancel := func() (float64, error) { return r.cancelOnce(root, true, phCancel) }
 	tini := func() (float64, error) { return r.tiniCancelOnce() }
 	sides := []func() (float64, error){awTERM, tini}
 	names := []string{"TERM to the wrapper"}
@@ -146,6 +153,10 @@ func (r *runner) cancel() error {
 		})
 		r.detail("cancel, %s: %s", name, spread(s[i], bench.Ms))
 	}
+	r.detail("cancel by TERM, medians between the run's journal events: %s", phTERM.String("TERM", "exit"))
+	if hasCancel {
+		r.detail("cancel by `agent-wrap cancel`, medians between the run's journal events: %s", phCancel.String("cancel started", "exit"))
+	}
 	if !hasCancel {
 		r.rows = append(r.rows, row{figure: "confirmed cancel, `agent-wrap cancel`", measured: "not measured: no `cancel` command in this build", pass: "n/a"})
 	}
@@ -153,7 +164,7 @@ func (r *runner) cancel() error {
 	return nil
 }
 
-func (r *runner) cancelOnce(root string, viaCommand bool) (float64, error) {
+func (r *runner) cancelOnce(root string, viaCommand bool, ph *phases) (float64, error) {
 	id := r.id("cancel")
 	w, err := r.start(nil, nil, false, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "sh", "-c", cancelTree)
 	if err != nil {
@@ -185,6 +196,7 @@ func (r *runner) cancelOnce(root string, viaCommand bool) (float64, error) {
 	if rec.State != statusfile.Cancelled || len(rec.Survivors) != 0 || w.code() != 143 {
 		return 0, fmt.Errorf("run %s: state %s, survivors %v, exit %d; want cancelled, none, 143", id, rec.State, rec.Survivors, w.code())
 	}
+	ph.add(root, id, t0, end)
 	return end.Sub(t0).Seconds(), nil
 }
 
@@ -277,6 +289,14 @@ func (r *runner) output() error {
 		}
 		return dt, os.RemoveAll(filepath.Join(root, id))
 	}
+	noStream := func() (float64, error) {
+		id := r.id("out")
+		dt, err := r.timed(0, devnull, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "head", "-c", sz, "/dev/zero")
+		if err != nil {
+			return 0, err
+		}
+		return dt, os.RemoveAll(filepath.Join(root, id))
+	}
 	direct := func() (float64, error) {
 		p := filepath.Join(root, r.id("direct")+".out")
 		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND|os.O_EXCL, 0o600)
@@ -290,7 +310,7 @@ func (r *runner) output() error {
 		}
 		return dt, os.Remove(p)
 	}
-	s, err := bench.Interleave(1, r.n(5, 3), aw, direct)
+	s, err := bench.Interleave(1, r.n(3, 3), aw, direct, noStream)
 	if err != nil {
 		return err
 	}
@@ -306,6 +326,7 @@ func (r *runner) output() error {
 	})
 	r.detail("output under agent-wrap (wall time of the run): %s", spread(s[0], bench.Ms))
 	r.detail("output, job writes the file: %s", spread(s[1], bench.Ms))
+	r.detail("output under agent-wrap --no-stream (the job writes stdout.log, nothing reads it): %s; throughput ratio %.3f×", spread(s[2], bench.Ms), b/bench.Median(s[2]))
 	return nil
 }
 
@@ -337,15 +358,20 @@ func (r *runner) memory() error {
 		return err
 	}
 	defer devnull.Close()
+	var anon []float64
+	var mu sync.Mutex
 	peak := func(argv ...string) (float64, error) {
 		p, err := r.start(devnull, nil, false, argv...)
 		if err != nil {
 			return 0, err
 		}
-		var hwm int64
+		var hwm, an int64
 		for {
 			if v, err := bench.VmHWM(p.pid); err == nil && v > hwm {
 				hwm = v
+			}
+			if v, err := bench.StatusBytes(p.pid, "RssAnon"); err == nil && v > an {
+				an = v
 			}
 			if _, err := p.pfd.Wait(10 * time.Millisecond); err == nil {
 				break
@@ -359,15 +385,32 @@ func (r *runner) memory() error {
 		if p.code() != 0 {
 			return 0, fmt.Errorf("%v exited %d", argv, p.code())
 		}
+		if argv[0] == r.bin {
+			mu.Lock()
+			anon = append(anon, float64(an))
+			mu.Unlock()
+		}
 		return float64(hwm), nil
 	}
-	aw := func() (float64, error) {
-		return peak(r.bin, "--root", root, "run", "--lease", "0", r.id("mem"), "--", "sh", "-c", job)
-	}
-	tini := func() (float64, error) { return peak("tini", "-s", "-g", "--", "sh", "-c", job) }
-	s, err := bench.Interleave(0, r.n(2, 1), aw, tini)
-	if err != nil {
-		return err
+	// Peak memory does not depend on timing, so both sides of a round run
+	// at the same time: the figure takes 10 s a round, not 20.
+	var s [2][]float64
+	for i := 0; i < r.n(2, 1); i++ {
+		var wg sync.WaitGroup
+		var a, b float64
+		var ea, eb error
+		id := r.id("mem")
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			a, ea = peak(r.bin, "--root", root, "run", "--lease", "0", id, "--", "sh", "-c", job)
+		}()
+		go func() { defer wg.Done(); b, eb = peak("tini", "-s", "-g", "--", "sh", "-c", job) }()
+		wg.Wait()
+		if err := errors.Join(ea, eb); err != nil {
+			return err
+		}
+		s[0], s[1] = append(s[0], a), append(s[1], b)
 	}
 	a, b := bench.Max(s[0]), bench.Max(s[1])
 	mb := func(v float64) string { return fmt.Sprintf("%.2f MiB", v/mib) }
@@ -379,6 +422,7 @@ func (r *runner) memory() error {
 		pass: passIf(a <= 8*mib),
 	})
 	r.detail("memory, agent-wrap VmHWM (largest of the samples is reported): %s", spread(s[0], mb))
+	r.detail("memory, agent-wrap peak RssAnon (private memory; the rest of VmHWM is the binary's own pages, shared by every wrapper through the page cache): %s", spread(anon, mb))
 	r.detail("memory, tini VmHWM: %s", spread(s[1], mb))
 	return nil
 }
@@ -404,6 +448,12 @@ func (r *runner) watchdog() error {
 		return err
 	}
 	defer fx.Root.Close()
+	// The fixture is hundreds of thousands of files: remove it after the
+	// figure and write back what is left, so no later figure pays for it.
+	r.onCleanup(func() {
+		os.RemoveAll(root)
+		unix.Sync()
+	})
 	t0 := time.Now()
 	if err := fx.Write("live", 0, live, true); err != nil {
 		return err
@@ -421,10 +471,16 @@ func (r *runner) watchdog() error {
 			return err
 		}
 		have = n
+		// Write the fixture back now: its writeback is no part of a scan.
+		unix.Sync()
 		r.logf("   fixture of %d runs ready after %.1fs", n, time.Since(t0).Seconds())
+		samples := r.n(5, 3)
+		if n >= 50000 {
+			samples = 3
+		}
 		base := func() (float64, error) { return r.timed(0, nil, r.self, "readall", root) }
 		if !hasWatchdog {
-			s, err := bench.Interleave(1, r.n(5, 3), base)
+			s, err := bench.Interleave(1, samples, base)
 			if err != nil {
 				return err
 			}
@@ -449,7 +505,7 @@ func (r *runner) watchdog() error {
 			out, _ = os.ReadFile(outf.Name())
 			return dt, nil
 		}
-		s, err := bench.Interleave(1, r.n(5, 3), wd, base)
+		s, err := bench.Interleave(1, samples, wd, base)
 		if err != nil {
 			return err
 		}
@@ -556,13 +612,15 @@ func (r *runner) lease() error {
 		return err
 	}
 	n := r.n(10, 3)
+	unix.Sync()
+	ph := newPhases("deadline_expired", "signal_sent")
 	var aw, base []float64
 	for i := 0; i < n; i++ {
 		var wg sync.WaitGroup
 		var a, b float64
 		var ea, eb error
 		wg.Add(2)
-		go func() { defer wg.Done(); a, ea = r.leaseOnce(root) }()
+		go func() { defer wg.Done(); a, ea = r.leaseOnce(root, ph) }()
 		go func() { defer wg.Done(); b, eb = r.timeoutOnce() }()
 		wg.Wait()
 		if err := errors.Join(ea, eb); err != nil {
@@ -580,11 +638,15 @@ func (r *runner) lease() error {
 		pass: passIf(m <= 1.5 && x <= 1.5),
 	})
 	r.detail("lease lateness under agent-wrap: %s", spread(aw, bench.Ms))
+	r.detail("lease lateness under agent-wrap, medians between the run's journal events: %s", ph.String("deadline", "leader dead"))
+	if len(r.leaseWorst) > 0 {
+		r.detail("lease lateness, the latest run: %s", r.leaseWorst)
+	}
 	r.detail("lease lateness of `timeout 2 sleep 300` (from its start + 2 s): %s", spread(base, bench.Ms))
 	return nil
 }
 
-func (r *runner) leaseOnce(root string) (float64, error) {
+func (r *runner) leaseOnce(root string, ph *phases) (float64, error) {
 	id := r.id("lease")
 	w, err := r.start(nil, nil, false, r.bin, "--root", root, "run", "--no-stream", "--lease", "2s", id, "--", "sleep", "300")
 	if err != nil {
@@ -621,7 +683,14 @@ func (r *runner) leaseOnce(root string) (float64, error) {
 	if w.code() != statusfile.ExitLease {
 		return 0, fmt.Errorf("run %s exited %d, want %d", id, w.code(), statusfile.ExitLease)
 	}
-	return died.Sub(time.Unix(dl, 0)).Seconds(), nil
+	late := died.Sub(time.Unix(dl, 0)).Seconds()
+	ph.add(root, id, time.Unix(dl, 0), died)
+	if late > r.leaseLatest {
+		one := newPhases("deadline_expired", "signal_sent")
+		one.add(root, id, time.Unix(dl, 0), died)
+		r.leaseLatest, r.leaseWorst = late, fmt.Sprintf("%s late: %s", bench.Ms(late), one.String("deadline", "leader dead"))
+	}
+	return late, nil
 }
 
 func (r *runner) timeoutOnce() (float64, error) {

@@ -26,7 +26,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"binary", "startup", "cancel", "output", "memory", "watchdog", "lease"}
+var figures = []string{"costs", "binary", "startup", "cancel", "output", "memory", "watchdog", "lease"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -124,6 +124,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func (r *runner) figure(name string) error {
 	switch name {
+	case "costs":
+		return r.costs()
 	case "binary":
 		return r.binary()
 	case "startup":

@@ -69,16 +69,28 @@ func fsOf(path string) string {
 	return desc
 }
 
+// loadavg is the load average and the CPU and I/O pressure (PSI, share of
+// the last 60 s in which some task waited), to say how busy the host was.
 func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
+	out := "unknown"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			out = strings.Join(f[:3], " ")
+		}
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
+	for _, res := range []string{"cpu", "io"} {
+		b, err := os.ReadFile("/proc/pressure/" + res)
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if v, ok := strings.CutPrefix(f, "avg60="); ok {
+				out += fmt.Sprintf(", %s pressure %s%%", res, v)
+				break
+			}
+		}
 	}
-	return strings.Join(f[:3], " ")
+	return out
 }
 
 func (r *runner) table() string {
@@ -119,8 +131,21 @@ func (r *runner) report(command string, started time.Time) string {
 	for _, m := range r.machine {
 		fmt.Fprintf(&b, "- %s\n", m)
 	}
-	fmt.Fprintf(&b, "- load average before / after: %s / %s (a shared, noisy VM: expect a few percent between runs)\n\n", r.loadBefore, r.loadAfter)
+	fmt.Fprintf(&b, "- host load before: %s\n", r.loadBefore)
+	fmt.Fprintf(&b, "- host load after: %s\n", r.loadAfter)
+	b.WriteString("- a shared, noisy 2-core VM: other sessions build and test on it while this runs, so\n")
+	b.WriteString("  absolute times move by 2-3× between runs; the ratios, taken from interleaved\n")
+	b.WriteString("  samples, move much less\n\n")
 	b.WriteString(r.table())
+	if len(r.costRows) > 0 {
+		b.WriteString("\n## Building blocks, measured in the same run\n\n")
+		b.WriteString("What the figures above are made of on this machine, with the project's own\n")
+		b.WriteString("packages (bench/cmd/awbench/costs.go); the causes below are stated in these units.\n\n")
+		b.WriteString("| operation | median | samples |\n|---|---|---|\n")
+		for _, c := range r.costRows {
+			b.WriteString(c + "\n")
+		}
+	}
 	b.WriteString("\n## How each figure is measured\n\n")
 	b.WriteString(methods)
 	b.WriteString("\n## Samples\n\n")

@@ -30,6 +30,10 @@ type runner struct {
 	rows    []row
 	details []string
 
+	costRows    []string // the building blocks, in the report's second table
+	leaseLatest float64  // the latest lease sample and where its time went
+	leaseWorst  string
+
 	machine               []string
 	loadBefore, loadAfter string
 	elapsed               time.Duration
@@ -164,23 +168,29 @@ func (p *started) code() int {
 // timed runs argv to its end and returns the wall time from just before the
 // fork to the exit, checking the exit code.
 func (r *runner) timed(want int, stdout *os.File, argv ...string) (float64, error) {
-	t0 := time.Now()
+	t0, end, err := r.span(want, stdout, argv...)
+	return end.Sub(t0).Seconds(), err
+}
+
+// span is timed, returning the start and the end of the clock.
+func (r *runner) span(want int, stdout *os.File, argv ...string) (t0, end time.Time, err error) {
+	t0 = time.Now()
 	p, err := r.start(stdout, nil, false, argv...)
 	if err != nil {
-		return 0, err
+		return t0, t0, err
 	}
 	defer p.pfd.Close()
-	end, err := p.exited(5 * time.Minute)
+	end, err = p.exited(5 * time.Minute)
 	if err != nil {
-		return 0, err
+		return t0, t0, err
 	}
 	if err := p.wait(); err != nil {
-		return 0, err
+		return t0, t0, err
 	}
 	if c := p.code(); c != want {
-		return 0, fmt.Errorf("%v exited %d, want %d", argv, c, want)
+		return t0, t0, fmt.Errorf("%v exited %d, want %d", argv, c, want)
 	}
-	return end.Sub(t0).Seconds(), nil
+	return t0, end, nil
 }
 
 // readRecord reads a run's status.json directly (no lock: the file is
