@@ -53,7 +53,10 @@ func TestDetachWaitLogsFollow(t *testing.T) {
 		t.Fatalf("record: state %s pid %d run_id %s", rec.State, rec.PID, rec.RunID)
 	}
 	t.Logf("run --detach returned after %v", took)
-	if took > 3*time.Second {
+	// "Within a second or two": a few hundred milliseconds here; the bound
+	// leaves room for a loaded machine, and the record being `running`
+	// already shows it returned long before the job's end.
+	if took > 5*time.Second {
 		t.Errorf("run --detach took %v to return", took)
 	}
 

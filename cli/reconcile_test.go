@@ -99,7 +99,9 @@ func TestReconcileSupervisorLostWhileCancelling(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.WaitState(t, statusfile.Cancelling)
-	runtest.Eventually(t, "TERM sent to the group", func() bool { return indexOf(r.Events(t), "signal_sent") >= 0 })
+	runtest.Eventually(t, "TERM sent to the group", func() bool {
+		return strings.Contains(r.File("events.jsonl"), `"event":"signal_sent"`)
+	})
 	killWrapper(t, c, rec)
 
 	v := wantVerdict(t, root, "lost", 3, reconcile.Running, reconcile.SupervisorLost,
