@@ -99,7 +99,7 @@ func (f *follower) sleep(d time.Duration) {
 func runWait(e *Env, args []string) int {
 	fs := e.flags("wait")
 	var timeout durationValue
-	fs.Var(&timeout, "timeout", "give up after `D` and exit 75 (default: wait as long as the run lives)")
+	fs.Var(&timeout, "timeout", "give up after `D` and exit 75; 0 waits as long as the run lives")
 	fs.Usage = func() {
 		fmt.Fprint(e.Stderr, "usage: agent-wrap wait [--timeout D] RUN_ID\n\n"+waitHelp+"\n")
 		fs.PrintDefaults()
