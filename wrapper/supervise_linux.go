@@ -679,7 +679,7 @@ func (s *supervisor) waitGone(until time.Time) []target {
 	backoff := 5 * time.Millisecond
 	for {
 		ts := s.scan(true)
-		if s.leaderExited == false {
+		if !s.leaderExited {
 			s.pollLeader()
 		}
 		if len(ts) == 0 {
