@@ -36,7 +36,7 @@ func detachJobOutput() []byte {
 func TestDetachWaitLogsFollow(t *testing.T) {
 	root := runtest.NewRoot(t)
 	r := runtest.Run{Root: root, ID: "det"}
-	t.Cleanup(r.Kill)
+	cleanupRun(t, r)
 
 	runtest.Binary(t) // built before the clock starts
 	start := time.Now()
@@ -129,7 +129,7 @@ func TestDetachWaitLogsFollow(t *testing.T) {
 func TestWaitTimeoutThenCancel(t *testing.T) {
 	root := runtest.NewRoot(t)
 	r := runtest.Run{Root: root, ID: "slow"}
-	t.Cleanup(r.Kill)
+	cleanupRun(t, r)
 	if code, _, errOut := runtest.Exec(t, root, "run", "--detach", "slow", "--", "sleep", "300"); code != 0 {
 		t.Fatalf("run --detach: exit %d\n%s", code, errOut)
 	}

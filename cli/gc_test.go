@@ -25,7 +25,7 @@ func TestGCKeepsLiveAndUnknown(t *testing.T) {
 	}
 	run := func(id string, args ...string) runtest.Run {
 		r := runtest.Run{Root: root, ID: id}
-		t.Cleanup(r.Kill)
+		cleanupRun(t, r)
 		runtest.Exec(t, root, append([]string{"run", "--no-stream", id, "--"}, args...)...)
 		return r
 	}
@@ -44,11 +44,12 @@ func TestGCKeepsLiveAndUnknown(t *testing.T) {
 	// A live run, and one whose wrapper and group died without a final
 	// record; both with an old ended_at planted in their records.
 	live := runtest.Run{Root: root, ID: "live"}
-	t.Cleanup(live.Kill)
+	cleanupRun(t, live)
 	if code, _, errOut := runtest.Exec(t, root, "run", "--detach", "live", "--", "sleep", "300"); code != 0 {
 		t.Fatalf("run --detach: %d\n%s", code, errOut)
 	}
 	c, lost := startRun(t, root, "lost", "lost", "--", "sleep", "300")
+	cleanupRun(t, lost)
 	rec := lost.WaitState(t, statusfile.Running)
 	killWrapper(t, c, rec)
 	if err := unix.Kill(-rec.PGID, unix.SIGKILL); err != nil {

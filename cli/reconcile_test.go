@@ -7,9 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -76,6 +78,25 @@ func editRecord(t *testing.T, r runtest.Run, edit func(m map[string]any)) {
 	}
 }
 
+// cleanupRun kills what is left of each run at the end of the test (by its
+// recorded group and PIDs) and then removes the run's cgroup, which a
+// wrapper SIGKILLed by a test never gets to remove.
+func cleanupRun(t *testing.T, runs ...runtest.Run) {
+	t.Cleanup(func() {
+		for _, r := range runs {
+			r.Kill()
+			rec := r.Status()
+			if rec == nil || !cgroup.Valid(rec.Cgroup) {
+				continue
+			}
+			runtest.Within(10*time.Second, func() bool {
+				pids, _ := cgroup.Procs(rec.Cgroup)
+				return len(pids) == 0 && cgroup.Remove(rec.Cgroup) == nil
+			})
+		}
+	})
+}
+
 func memberPIDs(v reconcile.Verdict) []int {
 	var out []int
 	for _, m := range v.Evidence.Members {
@@ -93,6 +114,7 @@ func TestReconcileSupervisorLostWhileCancelling(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "lost", "--grace", "60s", "lost", "--",
 		"sh", "-c", `trap "" TERM; sleep 300; echo never`)
+	cleanupRun(t, r)
 	rec := r.WaitState(t, statusfile.Running)
 	runtest.Eventually(t, "sleep in the group", func() bool { return len(runtest.Members(rec.PGID)) >= 2 })
 	if err := unix.Kill(rec.WrapperPID, unix.SIGTERM); err != nil {
@@ -144,6 +166,7 @@ func TestReconcileSupervisorDiedGroupGone(t *testing.T) {
 	c1, r1 := startRun(t, root, "plain", "plain", "--", "sleep", "300")
 	c2, r2 := startRun(t, root, "midstop", "--grace", "60s", "midstop", "--",
 		"sh", "-c", `trap "" TERM; sleep 300; echo never`)
+	cleanupRun(t, r1, r2)
 	rec1 := r1.WaitState(t, statusfile.Running)
 	rec2 := r2.WaitState(t, statusfile.Running)
 	if err := unix.Kill(rec2.WrapperPID, unix.SIGTERM); err != nil {
@@ -179,6 +202,7 @@ func TestReconcileSupervisorDiedGroupGone(t *testing.T) {
 func TestReconcileCancelledButMemberAlive(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "liar", "liar", "--", "sleep", "300")
+	cleanupRun(t, r)
 	rec := r.WaitState(t, statusfile.Running)
 	killWrapper(t, c, rec)
 	editRecord(t, r, func(m map[string]any) {
@@ -204,6 +228,7 @@ func TestReconcileCancelledButMemberAlive(t *testing.T) {
 func TestReconcileBootChanged(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "reboot", "reboot", "--", "sleep", "300")
+	cleanupRun(t, r)
 	rec := r.WaitState(t, statusfile.Running)
 	killWrapper(t, c, rec)
 	editRecord(t, r, func(m map[string]any) { m["boot_id"] = "00000000-0000-4000-8000-000000000000" })
