@@ -89,6 +89,7 @@ type Evidence struct {
 	Cause          string   `json:"cause,omitempty"`
 	ExitCode       *int     `json:"exit_code,omitempty"` // the recorded exit_code of a terminal record
 	RecordError    string   `json:"record_error,omitempty"`
+	Boundary       string   `json:"boundary,omitempty"` // what contains the run: cgroup or session+subreaper
 	WrapperPID     int      `json:"wrapper_pid,omitempty"`
 	WrapperAlive   bool     `json:"wrapper_alive"`
 	Members        []Member `json:"members"`
@@ -262,7 +263,7 @@ func evidence(in Input) Evidence {
 		ev.MembersError = in.MembersErr.Error()
 	}
 	if rec := in.Record; rec != nil {
-		ev.State, ev.Cause, ev.WrapperPID = rec.State, rec.Cause, rec.WrapperPID
+		ev.State, ev.Cause, ev.WrapperPID, ev.Boundary = rec.State, rec.Cause, rec.WrapperPID, rec.Boundary
 		if statusfile.Terminal(rec.State) {
 			ev.ExitCode = intp(rec.Code())
 		}
