@@ -122,8 +122,8 @@ func ParseLine(line []byte) (Entry, error) {
 	if err := json.Unmarshal(raw["event"], &e.Event); err != nil || e.Event == "" {
 		return Entry{}, fmt.Errorf("event is not a non-empty string")
 	}
-	if err := json.Unmarshal(raw["prev"], &e.Prev); err != nil {
-		return Entry{}, fmt.Errorf("prev is not a string")
+	if err := json.Unmarshal(raw["prev"], &e.Prev); err != nil || !validPrev(raw["prev"], e.Prev) {
+		return Entry{}, fmt.Errorf("prev is not \"\" or a hex SHA-256")
 	}
 	e.Fields = map[string]any{}
 	for k, v := range raw {
@@ -137,6 +137,26 @@ func ParseLine(line []byte) (Entry, error) {
 		e.Fields[k] = x
 	}
 	return e, nil
+}
+
+// validPrev reports whether a prev field is a JSON string (not null) holding
+// "" or 64 lowercase hex digits, as Hash writes it.
+func validPrev(raw json.RawMessage, prev string) bool {
+	if len(raw) == 0 || raw[0] != '"' {
+		return false
+	}
+	if prev == "" {
+		return true
+	}
+	if len(prev) != 64 {
+		return false
+	}
+	for i := 0; i < len(prev); i++ {
+		if c := prev[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // BadLineError names the first line of a journal that breaks the chain.

@@ -51,6 +51,9 @@ func ParseStat(b []byte) (Stat, error) {
 	if err != nil {
 		return Stat{}, fmt.Errorf("parse /proc stat: pid: %v", err)
 	}
+	if pid <= 0 {
+		return Stat{}, fmt.Errorf("parse /proc stat: pid %d is not positive", pid)
+	}
 	s.PID = pid
 	s.Comm = string(b[open+1 : closing])
 	f := strings.Fields(string(b[closing+1:]))
