@@ -1,0 +1,62 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The lease holds when the supervisor does not: the wrapper of a detached run
+// is SIGKILLed, reconcile over ssh says running with the supervisor lost, and
+// once the deadline has passed `watchdog --once` over ssh stops the group;
+// reconcile then says cancelled.
+func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
+	need(t, "run", "reconcile", "watchdog")
+	t.Parallel()
+	h := newHarness(t)
+	const id = "orphaned"
+	if res := h.ssh("run", "--detach", "--lease", "3s", "--grace", "1s", id, "--", "sh", "-c", treeJob); res.code != 0 {
+		t.Fatalf("run --detach: exit %d\nstderr: %s", res.code, res.stderr)
+	}
+	r := h.waitRunning(id)
+	members := waitMembers(t, r.PGID, 3)
+
+	// Kill the wrapper, by its recorded PID checked against its start time.
+	if st, ok := readStat(r.WrapperPID); !ok || st.start != r.WrapperStart {
+		t.Fatalf("wrapper %d is not the recorded process (start %d, recorded %d)", r.WrapperPID, st.start, r.WrapperStart)
+	}
+	if err := syscall.Kill(r.WrapperPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the wrapper to die", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
+
+	code, v := h.reconcileJSON(id)
+	if code != 3 || v["outcome"] != "running" || v["supervisor"] != "lost" {
+		t.Errorf("reconcile with the wrapper dead: exit %d, %v; want exit 3, outcome running, supervisor lost", code, v)
+	}
+
+	deadline := h.leaseDeadline(id)
+	eventually(t, "the lease deadline to pass", func() bool { return time.Now().After(deadline.Add(time.Second)) })
+	for _, m := range members {
+		if !alive(m.pid, m.start) {
+			t.Fatalf("member %d died before the watchdog ran: nothing left to prove", m.pid)
+		}
+	}
+	w := h.ssh("watchdog", "--once")
+	if w.code != 0 || !strings.Contains(w.stdout, id) {
+		t.Errorf("watchdog --once: exit %d, stdout %q; want 0 and a line about %s\nstderr: %s", w.code, w.stdout, id, w.stderr)
+	}
+	waitGroupEmpty(t, r.PGID)
+	for _, m := range members {
+		if alive(m.pid, m.start) {
+			t.Errorf("member %d alive after the watchdog", m.pid)
+		}
+	}
+	final := h.waitTerminal(id)
+	wantFinal(t, final, "cancelled", "lease", 124)
+	code, v = h.reconcileJSON(id)
+	if code != 0 || v["outcome"] != "cancelled" {
+		t.Errorf("reconcile after the watchdog: exit %d, %v; want exit 0, outcome cancelled", code, v)
+	}
+}
