@@ -22,6 +22,7 @@ func Now() (time.Time, int64) {
 // Append adds one event to the run's journal. With sync set, the line is
 // fsynced before Append returns (the file exists from the run's creation, so
 // its directory entry is already durable). Append returns the entry's seq.
+// A write that fails part-way (ENOSPC) is cut back off: no torn line stays.
 func Append(d *rundir.Dir, event string, f Fields, sync bool) (int64, error) {
 	file, err := d.OpenFile(rundir.EventsFile, unix.O_RDWR|unix.O_CREAT|unix.O_APPEND, 0o600)
 	if err != nil {
@@ -47,7 +48,15 @@ func Append(d *rundir.Dir, event string, f Fields, sync bool) (int64, error) {
 		return 0, err
 	}
 	line = append(line, '\n')
+	st, err := file.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("journal %s: %w", event, err)
+	}
 	if _, err := file.Write(line); err != nil {
+		// A full file system can take part of the line before it fails
+		// (ENOSPC): cut it off again, under the lock, so the journal never
+		// keeps a torn line that would block every later append.
+		_ = file.Truncate(st.Size())
 		return 0, fmt.Errorf("journal %s: %w", event, err)
 	}
 	if sync {
