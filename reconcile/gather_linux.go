@@ -75,7 +75,7 @@ func gatherOnce(d *rundir.Dir) Input {
 		in.BootChanged = true
 		return in
 	}
-	in.WrapperAlive = wrapperAlive(rec)
+	in.WrapperAlive = stop.WrapperAlive(rec)
 	switch err := stop.Check(rec); {
 	case errors.Is(err, stop.ErrNoGroup):
 		return in // never got a process group: nothing to look for
@@ -94,20 +94,6 @@ func gatherOnce(d *rundir.Dir) Input {
 			State: string(rune(t.State)), Comm: t.Comm, Escaped: t.Escaped})
 	}
 	return in
-}
-
-// wrapperAlive reports whether the recorded wrapper is still the process it
-// recorded: same PID, same start time, not a zombie. The caller has checked
-// the boot.
-func wrapperAlive(rec *statusfile.Record) bool {
-	if rec.WrapperPID <= 1 {
-		return false
-	}
-	st, err := proc.ReadStat(rec.WrapperPID)
-	if err != nil || st.Dead() {
-		return false
-	}
-	return rec.WrapperStart == 0 || st.Start == rec.WrapperStart
 }
 
 // rlock takes the run's lock shared, waiting at most LockWait. busy is true
