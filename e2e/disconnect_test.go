@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,17 +55,21 @@ func (h *harness) stillRunsAfterDisconnect(id string, r record, deadline time.Ti
 	h.t.Helper()
 	size := h.logSize(id)
 	eventually(h.t, "stdout.log to grow after the disconnect", func() bool { return h.logSize(id) >= size+int64(3*len("line 99\n")) })
+	var bad []string
 	if !alive(r.WrapperPID, r.WrapperStart) {
-		h.t.Errorf("wrapper %d died after the disconnect (SIGPIPE?)", r.WrapperPID)
+		bad = append(bad, fmt.Sprintf("wrapper %d died after the disconnect (SIGPIPE?)", r.WrapperPID))
 	}
 	if !alive(r.PID, r.LeaderStart) {
-		h.t.Errorf("job leader %d died after the disconnect", r.PID)
+		bad = append(bad, fmt.Sprintf("job leader %d died after the disconnect", r.PID))
 	}
 	if st, err := h.status(id); err != nil || st.State != "running" {
-		h.t.Errorf("after the disconnect: record %v (err %v), want state running", st, err)
+		bad = append(bad, fmt.Sprintf("after the disconnect: record %v (err %v), want state running", st, err))
 	}
 	if time.Now().After(deadline) {
-		h.t.Fatalf("the checks after the disconnect ran after the lease's end: machine too slow, result inconclusive")
+		h.t.Fatalf("the checks after the disconnect ended after the lease's deadline: machine too slow, result inconclusive %q", bad)
+	}
+	for _, b := range bad {
+		h.t.Error(b)
 	}
 }
 

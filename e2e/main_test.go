@@ -8,8 +8,22 @@
 // recorded in its run directory, checked against their start times; never by
 // name.
 //
-// Scenarios whose agent-wrap commands do not exist yet (as listed by
-// `agent-wrap help`) skip, naming the missing command.
+// Scenarios (issue 6), one test each, all in parallel:
+//
+//	TestDisconnectNoPTYRunsUntilLease   1: no PTY, client SIGKILLed, 3 s lease
+//	TestDisconnectPTYHangupCancels      2: ssh -tt, client killed: signal:HUP
+//	TestDisconnectPTYHangupIgnored      2: the same with --on-hangup ignore
+//	TestCancelOverSecondConnection      3: cancel while the first connection streams
+//	TestStream10MBByteIdentical         4: 10 MB through ssh, byte for byte
+//	TestCancelLeavesOtherRunAlone       5: two runs, one cancelled
+//	TestControllerLoop                  6: testdata/controller.sh
+//	TestDetachOverSSH                   run --detach over ssh -tt, then logs -f, cancel, wait
+//	TestWatchdogStopsRunOfDeadWrapper   wrapper SIGKILLed: watchdog --once enforces the lease
+//
+// Run them with `go test ./e2e` (as root, with openssh-server installed; they
+// skip without it, and fail under CI=true). Scenarios whose agent-wrap
+// commands do not exist (as listed by `agent-wrap help`) skip, naming the
+// missing command. CONTROLLER.md is the README section these tests back.
 package e2e
 
 import (
