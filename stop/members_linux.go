@@ -65,7 +65,13 @@ func (t Target) Identity(rec *statusfile.Record) proc.Identity {
 // members (recorded PGID and SID, started no earlier than the leader, not a
 // zombie) and recorded escaped descendants that still have their recorded
 // start time. If the process at the leader's PID has another start time, the
-// group number was recycled and no group member is a target. Processes that
+// group number was recycled and no group member is a target. A run with a
+// cgroup is judged by it: every live process in the cgroup is a target, and
+// a process of the group outside it is not. Without a cgroup one case stays
+// undecidable: the whole group died, its number was reused by a new session
+// whose leader has also exited; its members then pass every check. That
+// needs a PID reuse and a second session leader's exit between two looks,
+// and is the reason a cgroup boundary is preferred where the host has one. Processes that
 // fail validation are returned in rejected with
 // the reason, never as targets. The caller must have called Check.
 func Live(rec *statusfile.Record) (targets []Target, rejected []string, err error) {
@@ -87,8 +93,12 @@ func Live(rec *statusfile.Record) (targets []Target, rejected []string, err erro
 			rejected = append(rejected, fmt.Sprintf("pid %d started at tick %d, not the recorded leader_start %d: PID reused; its process group %d is not this run's, left alone", p.PID, p.Start, rec.LeaderStart, rec.PGID))
 		}
 	}
+	// With a cgroup, membership is a live fact, stronger than the group
+	// number: a group member must be in the run's cgroup, and a cgroup that
+	// is gone (it can only be removed empty) means the group is gone.
 	inCgroup := map[int]bool{}
-	if rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
+	haveCgroup := rec.Cgroup != "" && cgroup.Valid(rec.Cgroup)
+	if haveCgroup {
 		pids, _ := cgroup.Procs(rec.Cgroup)
 		for _, p := range pids {
 			inCgroup[p] = true
@@ -113,6 +123,10 @@ func Live(rec *statusfile.Record) (targets []Target, rejected []string, err erro
 			continue
 		}
 		if p.PGID != rec.PGID || groupReused {
+			continue
+		}
+		if haveCgroup {
+			rejected = append(rejected, fmt.Sprintf("pid %d has the run's process group %d but is not in the run's cgroup %s: the group number was recycled, left alone", p.PID, rec.PGID, rec.Cgroup))
 			continue
 		}
 		id := proc.Identity{PID: p.PID, PGID: rec.PGID, SID: rec.SID, MinStart: rec.LeaderStart}

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -245,6 +246,11 @@ func (r Run) Kill() {
 		}
 		if rec.WrapperPID > 1 && rec.WrapperPID != os.Getpid() {
 			_ = proc.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGKILL)
+		}
+		if rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
+			_ = cgroup.Kill(rec.Cgroup)
+			// The cgroup can go once its last process has exited.
+			Within(10*time.Second, func() bool { return cgroup.Remove(rec.Cgroup) == nil })
 		}
 	}
 }
