@@ -81,18 +81,40 @@ func (r *runner) startup() error {
 		return err
 	}
 	ph := newPhases("created", "started", "leader_exited", "final")
-	aw := func() (float64, error) {
+	cpu := make([][]float64, 4)
+	// withCPU keeps the CPU time (user+sys, with the job) of side i.
+	withCPU := func(i int, f func() (float64, error)) func() (float64, error) {
+		return func() (float64, error) {
+			v, err := f()
+			cpu[i] = append(cpu[i], r.cpu())
+			return v, err
+		}
+	}
+	aw := withCPU(0, func() (float64, error) {
 		id := r.id("startup")
 		t0, end, err := r.span(0, nil, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "true")
 		ph.add(root, id, t0, end)
 		return end.Sub(t0).Seconds(), err
+	})
+	setsid := withCPU(1, func() (float64, error) { return r.timed(0, nil, "setsid", "-w", "true") })
+	tini := withCPU(2, func() (float64, error) { return r.timed(0, nil, "tini", "-s", "-g", "--", "true") })
+	sides := []func() (float64, error){aw, setsid, tini}
+	if r.alt != "" {
+		sides = append(sides, withCPU(3, func() (float64, error) {
+			return r.timed(0, nil, r.alt, "--root", root, "run", "--no-stream", "--lease", "0", r.id("startup"), "--", "true")
+		}))
 	}
-	setsid := func() (float64, error) { return r.timed(0, nil, "setsid", "-w", "true") }
-	tini := func() (float64, error) { return r.timed(0, nil, "tini", "-s", "-g", "--", "true") }
-	s, err := bench.Interleave(3, r.n(40, 15), aw, setsid, tini)
+	s, err := bench.Interleave(3, r.n(40, 15), sides...)
 	if err != nil {
 		return err
 	}
+	if r.alt != "" {
+		m := bench.Median(s[3])
+		r.detail("startup with -compare %s: %s; %.2f× setsid, %.2f× tini; CPU time median %s",
+			r.alt, spread(s[3], bench.Ms), m/bench.Median(s[1]), m/bench.Median(s[2]), bench.Ms(bench.Median(cpu[3])))
+	}
+	r.detail("startup CPU time (user+sys of the process and what it reaped; little affected by other load): agent-wrap %s, setsid %s, tini %s",
+		bench.Ms(bench.Median(cpu[0])), bench.Ms(bench.Median(cpu[1])), bench.Ms(bench.Median(cpu[2])))
 	a, b, c := bench.Median(s[0]), bench.Median(s[1]), bench.Median(s[2])
 	for _, x := range []struct {
 		name string
@@ -135,9 +157,19 @@ func (r *runner) cancel() error {
 		sides = []func() (float64, error){awTERM, awCancel, tini}
 		names = append(names, "`agent-wrap cancel`")
 	}
+	phAlt := newPhases("cancel_requested", "signal_sent", "final")
+	if r.alt != "" {
+		sides = append(sides, func() (float64, error) { return r.cancelWith(r.alt, root, false, phAlt) })
+	}
 	s, err := bench.Interleave(1, r.n(20, 7), sides...)
 	if err != nil {
 		return err
+	}
+	if r.alt != "" {
+		alt := s[len(s)-1]
+		s = s[:len(s)-1]
+		m := bench.Median(alt)
+		r.detail("cancel by TERM with -compare %s: %s; %.1f× tini; phases: %s", r.alt, spread(alt, bench.Ms), m/bench.Median(s[len(s)-1]), phAlt.String("TERM", "exit"))
 	}
 	t := bench.Median(s[len(s)-1])
 	for i, name := range names {
@@ -165,8 +197,12 @@ func (r *runner) cancel() error {
 }
 
 func (r *runner) cancelOnce(root string, viaCommand bool, ph *phases) (float64, error) {
+	return r.cancelWith(r.bin, root, viaCommand, ph)
+}
+
+func (r *runner) cancelWith(bin, root string, viaCommand bool, ph *phases) (float64, error) {
 	id := r.id("cancel")
-	w, err := r.start(nil, nil, false, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "sh", "-c", cancelTree)
+	w, err := r.start(nil, nil, false, bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "sh", "-c", cancelTree)
 	if err != nil {
 		return 0, err
 	}
@@ -176,7 +212,7 @@ func (r *runner) cancelOnce(root string, viaCommand bool, ph *phases) (float64, 
 	}
 	t0 := time.Now()
 	if viaCommand {
-		if _, err := r.timed(0, nil, r.bin, "--root", root, "cancel", id); err != nil {
+		if _, err := r.timed(0, nil, bin, "--root", root, "cancel", id); err != nil {
 			return 0, err
 		}
 	} else if err := w.pfd.Signal(unix.SIGTERM); err != nil {
@@ -310,9 +346,23 @@ func (r *runner) output() error {
 		}
 		return dt, os.Remove(p)
 	}
-	s, err := bench.Interleave(1, r.n(3, 3), aw, direct, noStream)
+	sides := []func() (float64, error){aw, direct, noStream}
+	if r.alt != "" {
+		sides = append(sides, func() (float64, error) {
+			id := r.id("out")
+			dt, err := r.timed(0, devnull, r.alt, "--root", root, "run", "--lease", "0", id, "--", "head", "-c", sz, "/dev/zero")
+			if err != nil {
+				return 0, err
+			}
+			return dt, os.RemoveAll(filepath.Join(root, id))
+		})
+	}
+	s, err := bench.Interleave(1, r.n(3, 3), sides...)
 	if err != nil {
 		return err
+	}
+	if r.alt != "" {
+		r.detail("output with -compare %s: %s; throughput ratio %.3f×", r.alt, spread(s[3], bench.Ms), bench.Median(s[1])/bench.Median(s[3]))
 	}
 	a, b := bench.Median(s[0]), bench.Median(s[1])
 	mbps := func(t float64) string { return fmt.Sprintf("%.0f MiB/s", float64(size)/mib/t) }
@@ -491,23 +541,32 @@ func (r *runner) watchdog() error {
 			continue
 		}
 		var out []byte
-		wd := func() (float64, error) {
-			outf, err := os.CreateTemp(r.scratch, "watchdog-*.out")
-			if err != nil {
-				return 0, err
+		watchdog := func(bin string) func() (float64, error) {
+			return func() (float64, error) {
+				outf, err := os.CreateTemp(r.scratch, "watchdog-*.out")
+				if err != nil {
+					return 0, err
+				}
+				defer os.Remove(outf.Name())
+				defer outf.Close()
+				dt, err := r.timed(0, outf, bin, "--root", root, "watchdog", "--once")
+				if err != nil {
+					return 0, err
+				}
+				out, _ = os.ReadFile(outf.Name())
+				return dt, nil
 			}
-			defer os.Remove(outf.Name())
-			defer outf.Close()
-			dt, err := r.timed(0, outf, r.bin, "--root", root, "watchdog", "--once")
-			if err != nil {
-				return 0, err
-			}
-			out, _ = os.ReadFile(outf.Name())
-			return dt, nil
 		}
-		s, err := bench.Interleave(1, samples, wd, base)
+		sides := []func() (float64, error){watchdog(r.bin), base}
+		if r.alt != "" {
+			sides = append(sides, watchdog(r.alt))
+		}
+		s, err := bench.Interleave(1, samples, sides...)
 		if err != nil {
 			return err
+		}
+		if r.alt != "" {
+			r.detail("watchdog --once at %d runs with -compare %s: %s; %.2f× the baseline", n, r.alt, spread(s[2], bench.Ms), bench.Median(s[2])/bench.Median(s[1]))
 		}
 		if len(strings.TrimSpace(string(out))) > 0 {
 			r.detail("watchdog at %d runs printed actions (it should have none): %.300q", n, out)

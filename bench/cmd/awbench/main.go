@@ -40,6 +40,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("only", "", "comma-separated figures to run: "+strings.Join(figures, ","))
 	command := fs.String("command", "", "the command line to print in the report (default: this one)")
 	keep := fs.Bool("keep", false, "keep the scratch run root")
+	compare := fs.String("compare", "", "another agent-wrap binary (a proposed fix) to sample alongside in the startup, cancel and lease figures")
 	if err := fs.Parse(args); err != nil {
 		return 64
 	}
@@ -74,6 +75,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	r := &runner{bin: absBin, self: self, scratch: scratch, quick: *quick, log: stderr}
+	if *compare != "" {
+		if r.alt, err = filepath.Abs(*compare); err != nil {
+			fmt.Fprintf(stderr, "awbench: %v\n", err)
+			return 1
+		}
+	}
 	defer func() {
 		r.cleanupAll()
 		if *keep {

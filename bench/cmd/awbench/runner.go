@@ -20,6 +20,7 @@ import (
 
 type runner struct {
 	bin     string // agent-wrap, absolute
+	alt     string // -compare: a proposed build, sampled alongside; "" for none
 	self    string // this program, for `awbench readall`
 	scratch string // private temp dir; run roots below it
 	quick   bool
@@ -39,6 +40,7 @@ type runner struct {
 	elapsed               time.Duration
 
 	mu       sync.Mutex
+	lastCPU  float64 // user+sys seconds of the last span's process and the children it reaped
 	cleanups []func()
 }
 
@@ -172,6 +174,13 @@ func (r *runner) timed(want int, stdout *os.File, argv ...string) (float64, erro
 	return end.Sub(t0).Seconds(), err
 }
 
+// cpu returns the CPU time of the last process span waited for.
+func (r *runner) cpu() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastCPU
+}
+
 // span is timed, returning the start and the end of the clock.
 func (r *runner) span(want int, stdout *os.File, argv ...string) (t0, end time.Time, err error) {
 	t0 = time.Now()
@@ -189,6 +198,12 @@ func (r *runner) span(want int, stdout *os.File, argv ...string) (t0, end time.T
 	}
 	if c := p.code(); c != want {
 		return t0, t0, fmt.Errorf("%v exited %d, want %d", argv, c, want)
+	}
+	if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		r.mu.Lock()
+		r.lastCPU = cpu.Seconds()
+		r.mu.Unlock()
 	}
 	return t0, end, nil
 }
