@@ -23,7 +23,7 @@
 // Run them with `go test ./e2e` (as root, with openssh-server installed; they
 // skip without it, and fail under CI=true). Scenarios whose agent-wrap
 // commands do not exist (as listed by `agent-wrap help`) skip, naming the
-// missing command. CONTROLLER.md is the README section these tests back.
+// missing command. README.md's "Controller side" section is what these tests back.
 package e2e
 
 import (
