@@ -91,6 +91,21 @@ func check(root *rundir.Root, id string, o WatchOptions) *Action {
 	if statusfile.Terminal(rec.State) {
 		return nil
 	}
+	if errors.Is(derr, ErrNoDeadline) && rec.State == statusfile.Starting && rec.LeaseSeconds > 0 && !stop.WrapperAlive(rec) {
+		// The wrapper died while starting the job, before it wrote the
+		// deadline, which it would have set no later than created_at +
+		// lease (+ ActAfter for a slow start). Nobody can renew a run that
+		// is not running, so that deadline is final.
+		created, err := time.Parse(time.RFC3339Nano, rec.CreatedAt)
+		if err != nil {
+			return &Action{RunID: id, Action: "skipped", State: rec.State, Reason: "the wrapper died while starting the run, and its created_at does not parse: " + err.Error()}
+		}
+		dl = DeadlineAfter(created, time.Duration(rec.LeaseSeconds*float64(time.Second))+ActAfter)
+		if now.Before(time.Unix(dl, 0)) {
+			return nil
+		}
+		derr = nil
+	}
 	if errors.Is(derr, ErrNoDeadline) {
 		if rec.LeaseSeconds > 0 && rec.State != statusfile.Starting {
 			return &Action{RunID: id, Action: "skipped", State: rec.State, Reason: "the run has a lease but no deadline_epoch file; not stopping it without a deadline"}

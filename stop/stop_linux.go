@@ -68,7 +68,11 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		rep.Record, rep.Already = rec, true
 		return rep, nil
 	}
-	if err := Check(rec); err != nil && !errors.Is(err, ErrNoGroup) {
+	err = Check(rec)
+	if errors.Is(err, ErrNoGroup) && adoptStarting(d, rec) {
+		err = Check(rec)
+	}
+	if err != nil && !errors.Is(err, ErrNoGroup) {
 		journal.Append(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
 		unlock()
 		return nil, fmt.Errorf("run %s: %w: %v", d.ID, ErrRefused, err)
