@@ -1,0 +1,112 @@
+package soak
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
+)
+
+// Load: many concurrent runs, started (--detach), renewed and cancelled in
+// parallel by 4 clients, each a goroutine executing the binary, as 4
+// controllers would over ssh. Every run must end cancelled (cause cancel,
+// no survivors) with its journal intact, and nothing of any run, job or
+// wrapper, may be left alive. 60 runs in go test, 300 under make soak.
+func TestLoad(t *testing.T) {
+	const clients = 4
+	n := count(60, 300)
+	root := runtest.NewRoot(t)
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("load-%03d", i)
+		r := runtest.Run{Root: root, ID: ids[i]}
+		t.Cleanup(r.Kill)
+	}
+	var started, renewed, cancelled atomic.Int64
+	begin := time.Now()
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []string
+			for i := c; i < n; i += clients {
+				mine = append(mine, ids[i])
+			}
+			for _, id := range mine {
+				code, _, errs := aw(t, nil, "--root", root, "run", "--detach", "--lease", "120", "--grace", "2", id, "--", "sh", "-c", "sleep 300 & wait")
+				if code != 0 {
+					t.Errorf("client %d: run --detach %s: exit %d: %s", c, id, code, errs)
+					continue
+				}
+				started.Add(1)
+			}
+			for _, id := range mine {
+				code, _, errs := aw(t, nil, "--root", root, "renew", "--lease", "120", id)
+				if code != 0 {
+					t.Errorf("client %d: renew %s: exit %d: %s", c, id, code, errs)
+					continue
+				}
+				renewed.Add(1)
+			}
+			for _, id := range mine {
+				code, _, errs := aw(t, nil, "--root", root, "cancel", "--wait", "120s", id)
+				if code != 0 {
+					t.Errorf("client %d: cancel %s: exit %d: %s", c, id, code, errs)
+					continue
+				}
+				cancelled.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(begin)
+
+	var terminal, verified, survivors, wrappers int
+	for _, id := range ids {
+		r := runtest.Run{Root: root, ID: id}
+		rec := r.Status()
+		if rec == nil {
+			t.Errorf("%s: no readable record", id)
+			continue
+		}
+		if statusfile.Terminal(rec.State) {
+			terminal++
+		}
+		if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseCancel || len(rec.Survivors) != 0 {
+			t.Errorf("%s: state %s, cause %s, survivors %v; want cancelled, cancel, none", id, rec.State, rec.Cause, rec.Survivors)
+		}
+		if live := liveGroup(rec.PGID); len(live) > 0 {
+			// KILLed members may need a moment to be zombies.
+			if !runtest.Within(5*time.Second, func() bool { return len(runtest.Members(rec.PGID)) == 0 }) {
+				survivors += len(live)
+				t.Errorf("%s: alive after a confirmed cancel: %v", id, live)
+			}
+		}
+		if runtest.Within(runtest.Patience, func() bool { return !stop.WrapperAlive(rec) }) == false {
+			wrappers++
+			t.Errorf("%s: wrapper %d still alive after its final record", id, rec.WrapperPID)
+		}
+		f, err := os.Open(filepath.Join(r.Dir(), "events.jsonl"))
+		if err != nil {
+			t.Errorf("%s: %v", id, err)
+			continue
+		}
+		if _, err := journal.Verify(f); err != nil {
+			t.Errorf("%s: journal: %v", id, err)
+		} else {
+			verified++
+		}
+		f.Close()
+	}
+	t.Logf("%d runs, %d clients, %v: started %d, renewed %d, cancelled (confirmed) %d, terminal %d, journals verified %d, surviving processes %d, live wrappers %d",
+		n, clients, elapsed.Truncate(time.Millisecond), started.Load(), renewed.Load(), cancelled.Load(), terminal, verified, survivors, wrappers)
+}
