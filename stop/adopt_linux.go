@@ -1,8 +1,13 @@
 package stop
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/agent-wrap/agent-wrap/cgroup"
 
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -41,7 +46,40 @@ func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
 		return false // the PID is someone else's now
 	}
 	rec.PID, rec.PGID, rec.SID, rec.LeaderStart = pid, pid, pid, start
-	journal.Append(d, "adopted", journal.Fields{"pid": pid, "pgid": pid, "sid": pid, "leader_start": start,
-		"reason": "the wrapper died while starting the job; its identity is taken from the pid file"}, true)
+	f := journal.Fields{"pid": pid, "pgid": pid, "sid": pid, "leader_start": start,
+		"reason": "the wrapper died while starting the job; its identity is taken from the pid file"}
+	if err == nil && rec.Cgroup == "" {
+		// The leader's own cgroup, if it is the one its wrapper made for
+		// the run, holds every descendant, escaped or not.
+		if cg := leaderCgroup(pid, fmt.Sprintf("%s.%d", rec.RunID, rec.WrapperPID)); cg != "" {
+			rec.Cgroup, rec.Boundary = cg, "cgroup"
+			f["cgroup"] = cg
+		}
+	}
+	journal.Append(d, "adopted", f, true)
 	return true
+}
+
+// leaderCgroup returns the absolute cgroup v2 directory of pid when it is a
+// run cgroup named name (see cgroup.Valid), else "".
+func leaderCgroup(pid int, name string) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return ""
+	}
+	mnt, err := cgroup.Mount()
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		rel, ok := strings.CutPrefix(l, "0::")
+		if !ok {
+			continue
+		}
+		p := filepath.Join(mnt, rel)
+		if filepath.Base(p) == name && cgroup.Valid(p) {
+			return p
+		}
+	}
+	return ""
 }

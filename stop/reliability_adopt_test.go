@@ -1,0 +1,99 @@
+package stop_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
+)
+
+// startingRun fabricates what a wrapper SIGKILLed while starting its job
+// leaves behind: a `starting` record naming no group, and a pid file.
+func startingRun(t *testing.T, pid int) *rundir.Dir {
+	t.Helper()
+	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	d, err := root.Create("adopt-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	boot, _ := proc.BootID()
+	self, err := proc.ReadStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &statusfile.Record{RunID: d.ID, State: statusfile.Starting, WrapperPID: 0, WrapperStart: self.Start,
+		BootID: boot, Command: []string{"sleep", "600"}, CreatedAt: statusfile.Timestamp(time.Now()), LeaseSeconds: 1, GraceSeconds: 1}
+	if err := statusfile.Write(d, rec, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := journal.Append(d, "created", nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteOnce(rundir.PIDFile, []byte(strconv.Itoa(pid)+"\n")); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func startSleep(t *testing.T, setsid bool) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "600")
+	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	return cmd
+}
+
+// A wrapper killed between starting the job and recording it `running`:
+// an outside stop takes the job's identity from the pid file, once it has
+// checked that the process there is a session leader younger than the
+// wrapper, and stops it, instead of recording `cancelled` over a live job.
+func TestOutsideAdoptsStartingJob(t *testing.T) {
+	job := startSleep(t, true)
+	d := startingRun(t, job.Process.Pid)
+	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtest.Eventually(t, "the adopted job to die", func() bool { return !runtest.Alive(job.Process.Pid) })
+	if rep.Record.State != statusfile.Cancelled || rep.Record.PGID != job.Process.Pid || len(rep.Record.Survivors) != 0 {
+		t.Fatalf("record after the stop: %+v", rep.Record)
+	}
+	if len(rep.Signalled) == 0 {
+		t.Fatal("nothing was signalled")
+	}
+}
+
+// A pid file naming a process that is not a session leader (a recycled
+// PID) is not adopted: nothing is signalled.
+func TestOutsideRefusesToAdoptAStranger(t *testing.T) {
+	other := startSleep(t, false) // own group, but the test's session
+	d := startingRun(t, other.Process.Pid)
+	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Signalled) != 0 || !runtest.Alive(other.Process.Pid) {
+		t.Fatalf("a process that is not the run's was signalled: %v", rep.Signalled)
+	}
+}
