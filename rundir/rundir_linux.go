@@ -92,7 +92,9 @@ func (r *Root) Create(id string) (*Dir, error) {
 }
 
 // Open opens the existing run directory id after checking that it is a real
-// directory owned by the caller and not writable by group or others.
+// directory owned by the caller and not writable by group or others, and
+// that none of the run's files (runFiles) present is a symlink, someone
+// else's or writable by group or others.
 func (r *Root) Open(id string) (*Dir, error) {
 	if err := ValidID(id); err != nil {
 		return nil, err
@@ -117,7 +119,39 @@ func (r *Root) Open(id string) (*Dir, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	// The run directory is judged whole: one of its files that is a
+	// symlink, someone else's or writable by others means it was tampered
+	// with, and no command reads, writes or signals anything on its word.
+	for _, name := range runFiles {
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // absent (or vanished): each open checks again
+		}
+		if bad := badFile(&st); bad != "" {
+			unix.Close(fd)
+			return nil, fmt.Errorf("run directory %s: %s %s: %w", path, name, bad, ErrUnsafe)
+		}
+	}
 	return &Dir{ID: id, Path: path, fd: fd}, nil
+}
+
+// runFiles are the files of a run directory that Open checks.
+var runFiles = []string{StatusFile, PIDFile, PGIDFile, DeadlineFile, StdoutFile, StderrFile, EventsFile, LockFile}
+
+// badFile says what is wrong with a run's file, or "" if nothing is: it
+// must be a regular file (not a symlink), owned by the caller and not
+// writable by group or others.
+func badFile(st *unix.Stat_t) string {
+	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return "is a symlink"
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return "is not a regular file"
+	case int(st.Uid) != os.Geteuid():
+		return fmt.Sprintf("is owned by uid %d, not by you", st.Uid)
+	case st.Mode&0o022 != 0:
+		return fmt.Sprintf("has mode %04o, writable by group or others", st.Mode&0o7777)
+	}
+	return ""
 }
 
 // List returns the IDs of the entries below the root that look like runs
@@ -172,16 +206,7 @@ func (d *Dir) OpenFile(name string, flag int, perm uint32) (*os.File, error) {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	var bad string
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		bad = "is not a regular file"
-	case int(st.Uid) != os.Geteuid():
-		bad = fmt.Sprintf("is owned by uid %d, not by you", st.Uid)
-	case st.Mode&0o022 != 0:
-		bad = fmt.Sprintf("has mode %04o, writable by group or others", st.Mode&0o7777)
-	}
-	if bad != "" {
+	if bad := badFile(&st); bad != "" {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "open", Path: path, Err: fmt.Errorf("%s: %w", bad, ErrUnsafe)}
 	}
