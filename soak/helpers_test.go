@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -148,4 +149,13 @@ func knownBug(t *testing.T, format string, a ...any) {
 		return
 	}
 	t.Logf("KNOWN BUG (fails under make soak): "+format, a...)
+}
+
+// sysStat returns the owner uid of fi.
+func sysStat(fi os.FileInfo) (uint32, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return st.Uid, true
 }
