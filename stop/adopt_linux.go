@@ -17,8 +17,8 @@ import (
 
 // adoptStarting fills in the job's identity when the record names no
 // process group because its wrapper died while starting the job: after the
-// fork and the pid file, before the `running` record. The pid file is a
-// claim, adopted only when it still makes sense: the process at that PID is
+// fork and the `running` record. The pid file (or, before it is written, a
+// session leader in the cgroup the record names) is a claim, adopted only when it still makes sense: the process at that PID is
 // a session leader (PID == PGID == SID) that started no earlier than the
 // wrapper, alive or a zombie; or nothing is at that PID any more, and its
 // group members are then validated against the wrapper's start time
@@ -29,12 +29,22 @@ func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
 	if rec.PGID > 1 || rec.State != statusfile.Starting || rec.WrapperStart == 0 {
 		return false
 	}
-	b, err := d.ReadFile(rundir.PIDFile)
-	if err != nil {
-		return false
+	pid := 0
+	if b, err := d.ReadFile(rundir.PIDFile); err == nil {
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	} else if rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
+		// No pid file yet, but a record that names the run's cgroup (a
+		// wrapper that records it before the fork): the session leader in
+		// it is the job.
+		procs, _ := cgroup.Procs(rec.Cgroup)
+		for _, p := range procs {
+			if st, err := proc.ReadStat(p); err == nil && st.PGID == p && st.SID == p && st.Start >= rec.WrapperStart {
+				pid = p
+				break
+			}
+		}
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
+	if pid <= 1 {
 		return false
 	}
 	start := rec.WrapperStart
