@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	_ "embed"
 	"fmt"
 	"os"
 	"os/exec"
@@ -152,8 +153,8 @@ func (r *runner) report(command string, started time.Time) string {
 	for _, d := range r.details {
 		fmt.Fprintf(&b, "- %s\n", d)
 	}
-	if notes != "" {
-		b.WriteString("\n" + notes)
+	if findings != "" {
+		b.WriteString("\n" + findings)
 	}
 	return b.String()
 }
@@ -191,5 +192,8 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   has no ELF interpreter or dynamic section.
 `
 
-// notes are the findings that go with a run; set by the figures.
-var notes = ""
+// findings is the hand-written analysis of the misses (findings.md), with
+// the evidence and the measured effect of the proposed core fixes.
+//
+//go:embed findings.md
+var findings string
