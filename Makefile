@@ -47,7 +47,7 @@ demo: build
 	$(BIN) --root "$$root" verify $$id
 
 # Measure agent-wrap against bare baselines, interleaved in one run, and write
-# BENCHMARKS.md (about 3 minutes; BENCH_QUICK=1 for a quick pass).
+# BENCHMARKS.md (about 5 minutes; BENCH_QUICK=1 for a 1-minute pass).
 bench: build
 	$(GO) build -o bin/awbench ./bench/cmd/awbench
 	bin/awbench -bin $(BIN) -out BENCHMARKS.md -command '$(if $(BENCH_QUICK),BENCH_QUICK=1 )make bench'
