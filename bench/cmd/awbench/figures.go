@@ -113,7 +113,7 @@ func (r *runner) startup() error {
 		r.detail("startup with -compare %s: %s; %.2f× setsid, %.2f× tini; CPU time median %s",
 			r.alt, spread(s[3], bench.Ms), m/bench.Median(s[1]), m/bench.Median(s[2]), bench.Ms(bench.Median(cpu[3])))
 	}
-	r.detail("startup CPU time (user+sys of the process and what it reaped; little affected by other load): agent-wrap %s, setsid %s, tini %s",
+	r.detail("startup CPU time (user+sys of the process and what it reaped; less affected by other load than wall time): agent-wrap %s, setsid %s, tini %s",
 		bench.Ms(bench.Median(cpu[0])), bench.Ms(bench.Median(cpu[1])), bench.Ms(bench.Median(cpu[2])))
 	a, b, c := bench.Median(s[0]), bench.Median(s[1]), bench.Median(s[2])
 	for _, x := range []struct {

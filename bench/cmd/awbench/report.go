@@ -29,7 +29,7 @@ func machineInfo(bin, scratch string) []string {
 	}
 	out = append(out, "run root file system: "+fsOf(scratch))
 	if v, err := exec.Command(bin, "version").Output(); err == nil {
-		out = append(out, "agent-wrap: "+strings.TrimSpace(strings.ReplaceAll(string(v), "\n", "; ")))
+		out = append(out, "agent-wrap: "+strings.ReplaceAll(strings.TrimSpace(string(v)), "\n", "; "))
 	}
 	out = append(out, "awbench built with "+runtime.Version())
 	return out
