@@ -32,11 +32,10 @@ func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
 	pid := 0
 	if b, err := d.ReadFile(rundir.PIDFile); err == nil {
 		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	} else if rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
-		// No pid file yet, but a record that names the run's cgroup (a
-		// wrapper that records it before the fork): the session leader in
-		// it is the job.
-		procs, _ := cgroup.Procs(rec.Cgroup)
+	} else if cg := startingCgroup(rec); cg != "" {
+		// No pid file yet, but the run's cgroup: the session leader in it
+		// is the job.
+		procs, _ := cgroup.Procs(cg)
 		for _, p := range procs {
 			if st, err := proc.ReadStat(p); err == nil && st.PGID == p && st.SID == p && st.Start >= rec.WrapperStart {
 				pid = p
@@ -92,4 +91,31 @@ func leaderCgroup(pid int, name string) string {
 		}
 	}
 	return ""
+}
+
+// startingCgroup returns the cgroup of a run whose wrapper died before its
+// record moved past starting: the one the record names (a wrapper that
+// records it before the fork), else the one the wrapper would have made
+// below our own cgroup, named RUN_ID.WRAPPER_PID, if it exists (the watchdog
+// or cancel run in the wrapper's cgroup, as from the same login or unit).
+func startingCgroup(rec *statusfile.Record) string {
+	if rec.Cgroup != "" {
+		if cgroup.Valid(rec.Cgroup) {
+			return rec.Cgroup
+		}
+		return ""
+	}
+	mnt, err := cgroup.Mount()
+	if err != nil {
+		return ""
+	}
+	self, err := cgroup.Self()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(mnt, self, cgroup.Parent, fmt.Sprintf("%s.%d", rec.RunID, rec.WrapperPID))
+	if _, err := os.Stat(p); err != nil || !cgroup.Valid(p) {
+		return ""
+	}
+	return p
 }

@@ -1,6 +1,7 @@
 package stop_test
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,5 +96,25 @@ func TestOutsideRefusesToAdoptAStranger(t *testing.T) {
 	}
 	if len(rep.Signalled) != 0 || !runtest.Alive(other.Process.Pid) {
 		t.Fatalf("a process that is not the run's was signalled: %v", rep.Signalled)
+	}
+}
+
+// A wrapper that died after opening the job's logs but before writing its
+// PID leaves a run that may or may not have a job: an outside stop refuses
+// to record it stopped, and leaves the record as it was.
+func TestOutsideRefusesUnknowableStart(t *testing.T) {
+	d := startingRun(t, 0)
+	if err := d.Remove(rundir.PIDFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteOnce(rundir.StdoutFile, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
+	if !errors.Is(err, stop.ErrRefused) {
+		t.Fatalf("Outside on a run whose job may exist unseen: %v, want ErrRefused", err)
+	}
+	if rec, err := statusfile.Read(d); err != nil || rec.State != statusfile.Starting {
+		t.Fatalf("record after the refusal: %+v, %v", rec, err)
 	}
 }

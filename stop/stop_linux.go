@@ -72,6 +72,12 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if errors.Is(err, ErrNoGroup) && adoptStarting(d, rec) {
 		err = Check(rec)
 	}
+	if errors.Is(err, ErrNoGroup) && rec.State == statusfile.Starting && d.Exists(rundir.StdoutFile) {
+		// The wrapper got as far as opening the job's logs, so the job may
+		// have been started, but nothing says which process it is: a
+		// `cancelled` record now could be a lie. Leave it unknown.
+		err = errors.New("its wrapper died while starting the job, after opening its logs and before recording its PID: whether the job runs cannot be told, so the run is not recorded as stopped")
+	}
 	if err != nil && !errors.Is(err, ErrNoGroup) {
 		journal.Append(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
 		unlock()
