@@ -357,7 +357,7 @@ func (r *runner) output() error {
 			return dt, os.RemoveAll(filepath.Join(root, id))
 		})
 	}
-	s, err := bench.Interleave(1, r.n(3, 3), sides...)
+	s, err := bench.Interleave(1, r.n(5, 3), sides...)
 	if err != nil {
 		return err
 	}
