@@ -259,7 +259,7 @@ func (r *runner) tiniCancelOnce() (float64, error) {
 		return 0, err
 	}
 	var ds []proc.Stat
-	err = bench.WaitUntil(10*time.Second, time.Millisecond, func() (bool, error) {
+	err = bench.WaitUntil(time.Minute, time.Millisecond, func() (bool, error) {
 		ds, err = bench.Descendants(t.pid)
 		return err == nil && twoSleeps(ds), err
 	})
@@ -631,7 +631,7 @@ func (r *runner) liveRefs() (*bench.Fixture, error) {
 		p  *started
 		to *proc.Stat
 	}{{leader, &fx.Leader}, {wrapper, &fx.Wrapper}, {dead, &fx.Dead}} {
-		err := bench.WaitUntil(5*time.Second, time.Millisecond, func() (bool, error) {
+		err := bench.WaitUntil(time.Minute, time.Millisecond, func() (bool, error) {
 			st, err := proc.ReadStat(x.p.pid)
 			*x.to = st
 			return err == nil && st.Comm == "sleep", err
@@ -759,7 +759,7 @@ func (r *runner) timeoutOnce() (float64, error) {
 		return 0, err
 	}
 	var ds []proc.Stat
-	err = bench.WaitUntil(5*time.Second, time.Millisecond, func() (bool, error) {
+	err = bench.WaitUntil(time.Minute, time.Millisecond, func() (bool, error) {
 		ds, err = bench.Descendants(t.pid)
 		return err == nil && bench.CountComm(ds, "sleep") == 1, err
 	})

@@ -222,7 +222,7 @@ func readRecord(root, id string) (*statusfile.Record, error) {
 // until want holds for the live processes below the wrapper.
 func waitRunning(root, id string, wrapper int, want func([]proc.Stat) bool) (*statusfile.Record, error) {
 	var rec *statusfile.Record
-	err := bench.WaitUntil(10*time.Second, time.Millisecond, func() (bool, error) {
+	err := bench.WaitUntil(time.Minute, time.Millisecond, func() (bool, error) {
 		var err error
 		rec, err = readRecord(root, id)
 		if err != nil {
