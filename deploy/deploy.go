@@ -23,13 +23,16 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"text/template"
 )
 
 //go:embed units
 var unitFS embed.FS
 
-var templates = template.Must(template.New("").Option("missingkey=error").ParseFS(unitFS, "units/*"))
+var templates = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("").Option("missingkey=error").ParseFS(unitFS, "units/*"))
+})
 
 // Unit file names, as installed.
 const (
@@ -65,7 +68,7 @@ func checkPath(what, p string) error {
 
 func render(name string, d unitData) ([]byte, error) {
 	var b bytes.Buffer
-	if err := templates.ExecuteTemplate(&b, name, d); err != nil {
+	if err := templates().ExecuteTemplate(&b, name, d); err != nil {
 		return nil, fmt.Errorf("render %s: %w", name, err)
 	}
 	return b.Bytes(), nil

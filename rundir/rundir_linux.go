@@ -261,17 +261,15 @@ func (d *Dir) WriteAtomic(name string, data []byte, durable bool) error {
 	return nil
 }
 
-// WriteOnce creates name with data; it fails if name exists.
+// WriteOnce creates name with data; it fails if name exists. It does not
+// fsync: the wrapper's pid and pgid are also in the durable `running`
+// record, which is what survives a crash.
 func (d *Dir) WriteOnce(name string, data []byte) error {
 	f, err := d.OpenFile(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
 	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
 		f.Close()
 		return err
 	}

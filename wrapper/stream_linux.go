@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -126,6 +127,14 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 			if _, err := unix.Read(ifd, evbuf); err != nil {
 				break
 			}
+		}
+		// Let the writer get ahead: one wake per 10 ms copies what it
+		// wrote meanwhile in 256 KiB reads, instead of one read per write.
+		// Not once the writers are gone: then the final pass runs at once.
+		select {
+		case <-done:
+		default:
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 }

@@ -112,7 +112,7 @@ func (s *supervisor) run() *Result {
 		OnHangup:     cfg.OnHangup,
 		Boundary:     BoundarySubreaper,
 	}
-	s.writeRecord(true)
+	s.writeRecord(false)
 	s.journal("created", journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart,
 		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}, false)
 
@@ -398,7 +398,7 @@ func (s *supervisor) beginCancel(cause, event string) string {
 	}
 	s.journal(event, journal.Fields{"cause": cause, "by": "wrapper", "pid": s.self}, true)
 	s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
-	s.writeRecordLocked(true)
+	s.writeRecordLocked(false)
 	return cause
 }
 
@@ -433,7 +433,7 @@ func (s *supervisor) checkLease() (int64, string) {
 func (s *supervisor) expire(deadline int64) string {
 	s.journal("deadline_expired", journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self}, true)
 	s.rec.State, s.rec.Cause = statusfile.Cancelling, statusfile.CauseLease
-	s.writeRecordLocked(true)
+	s.writeRecordLocked(false)
 	return statusfile.CauseLease
 }
 
@@ -582,7 +582,48 @@ func (s *supervisor) noteEscape(p proc.Stat) {
 	s.writeRecord(true)
 }
 
-func (s *supervisor) liveTargets() []target { return s.scan(true) }
+func (s *supervisor) liveTargets() []target { return s.scanFast() }
+
+// scanFast lists the targets from the run's cgroup when it has one: one
+// read of cgroup.procs and one stat per member, instead of every process on
+// the host. Escapes recorded earlier are checked by PID. Without a cgroup it
+// is scan.
+func (s *supervisor) scanFast() []target {
+	if s.cgroup == "" {
+		return s.scan(true)
+	}
+	pids, err := cgroup.Procs(s.cgroup)
+	if err != nil {
+		return s.scan(true)
+	}
+	seen := map[int]bool{}
+	var out []target
+	for _, pid := range pids {
+		if pid == s.self {
+			continue
+		}
+		p, err := proc.ReadStat(pid)
+		if err != nil || p.Dead() {
+			continue
+		}
+		seen[pid] = true
+		if p.PGID == s.leader && p.SID == s.leader && p.Start >= s.leaderStart {
+			out = append(out, target{Stat: p})
+			continue
+		}
+		s.noteEscape(p)
+		out = append(out, target{Stat: p, escaped: true})
+	}
+	for pid, e := range s.escaped {
+		if seen[pid] {
+			continue
+		}
+		if p, err := proc.ReadStat(pid); err == nil && !p.Dead() && p.Start == e.Start {
+			out = append(out, target{Stat: p, escaped: true})
+		}
+	}
+	return out
+}
 
 // stopAll stops the group and every escaped descendant: TERM, wait for them
 // to die until the grace passes, then KILL until nothing is left. It returns
@@ -594,14 +635,14 @@ func (s *supervisor) stopAll(cause string) []int {
 	if len(targets) > 0 {
 		stopped = pids(targets)
 		s.signalAll(unix.SIGTERM, targets)
-		targets = s.waitGone(time.Now().Add(s.cfg.Grace))
+		targets = s.waitGone(time.Now().Add(s.cfg.Grace), targets)
 	}
 	until := time.Now().Add(killWait)
 	for len(targets) > 0 && time.Now().Before(until) {
 		s.signalAll(unix.SIGKILL, targets)
 		// KILL is not negotiable: wait a short while, then KILL again
 		// whatever appeared (a job forking while it is being stopped).
-		targets = s.waitGone(time.Now().Add(500 * time.Millisecond))
+		targets = s.waitGone(time.Now().Add(500*time.Millisecond), targets)
 	}
 	survivors := pids(targets)
 	if cause == "" && len(stopped) > 0 {
@@ -675,10 +716,9 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target) {
 // SIGCHLD (as subreaper we hear of every death in the tree, at the latest
 // when the zombie is reparented to us) with a backstop rescan. Signals to the
 // wrapper while it is stopping change nothing: the stop is already under way.
-func (s *supervisor) waitGone(until time.Time) []target {
+func (s *supervisor) waitGone(until time.Time, ts []target) []target {
 	backoff := 5 * time.Millisecond
 	for {
-		ts := s.scan(true)
 		if !s.leaderExited {
 			s.pollLeader()
 		}
@@ -702,7 +742,25 @@ func (s *supervisor) waitGone(until time.Time) []target {
 			}
 		}
 		t.Stop()
+		ts = s.recheck(ts)
+		if len(ts) == 0 {
+			ts = s.scanFast()
+		}
 	}
+}
+
+// recheck keeps the targets that are still alive, reading only their own
+// /proc/PID/stat.
+func (s *supervisor) recheck(ts []target) []target {
+	var out []target
+	for _, t := range ts {
+		st, err := proc.ReadStat(t.PID)
+		if err != nil || st.Start != t.Start || st.Dead() {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 // reapAll reaps the leader, now that its group has been stopped, and every
@@ -784,7 +842,7 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 	if r.Signal != "" {
 		f["signal"] = r.Signal
 	}
-	s.journal("final", f, true)
+	s.journal("final", f, false)
 	out := *r
 	return &Result{Record: &out, Code: r.Code()}
 }
