@@ -125,7 +125,7 @@ func requestCancel(d *rundir.Dir) error {
 		return fmt.Errorf("cannot journal the cancel, so nothing was signalled: %w", err)
 	}
 	rec.State, rec.Cause = statusfile.Cancelling, statusfile.CauseCancel
-	return statusfile.Write(d, rec, true)
+	return statusfile.Write(d, rec, false) // the synced intent line above is the durable fact
 }
 
 // confirm prints the final record's summary: exit 0 when the run is terminal

@@ -94,7 +94,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 			return nil, fmt.Errorf("run %s: cannot journal the intent, so nothing was signalled: %w", d.ID, err)
 		}
 		rec.State, rec.Cause = statusfile.Cancelling, o.Cause
-		if err := statusfile.Write(d, rec, true); err != nil {
+		if err := statusfile.Write(d, rec, false); err != nil {
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot write status.json: %v (stopping anyway: the intent is journaled)\n", d.ID, err)
 		}
 	}
