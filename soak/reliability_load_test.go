@@ -19,7 +19,10 @@ import (
 // parallel by 4 clients, each a goroutine executing the binary, as 4
 // controllers would over ssh. Every run must end cancelled (cause cancel,
 // no survivors) with its journal intact, and nothing of any run, job or
-// wrapper, may be left alive. 60 runs in go test, 300 under make soak.
+// wrapper, may be left alive. 60 runs in go test, 300 under make soak. The
+// lease (15 minutes) outlasts the start phase even on a machine so loaded
+// that 300 starts take minutes: a lease that ran out first would be
+// enforced, rightly, and the renewals refused.
 func TestLoad(t *testing.T) {
 	const clients = 4
 	n := count(60, 300)
@@ -42,7 +45,7 @@ func TestLoad(t *testing.T) {
 				mine = append(mine, ids[i])
 			}
 			for _, id := range mine {
-				code, _, errs := aw(t, nil, "--root", root, "run", "--detach", "--lease", "120", "--grace", "2", id, "--", "sh", "-c", "sleep 300 & wait")
+				code, _, errs := aw(t, nil, "--root", root, "run", "--detach", "--lease", "900", "--grace", "2", id, "--", "sh", "-c", "sleep 3600 & wait")
 				if code != 0 {
 					t.Errorf("client %d: run --detach %s: exit %d: %s", c, id, code, errs)
 					continue
@@ -50,7 +53,7 @@ func TestLoad(t *testing.T) {
 				started.Add(1)
 			}
 			for _, id := range mine {
-				code, _, errs := aw(t, nil, "--root", root, "renew", "--lease", "120", id)
+				code, _, errs := aw(t, nil, "--root", root, "renew", "--lease", "900", id)
 				if code != 0 {
 					t.Errorf("client %d: renew %s: exit %d: %s", c, id, code, errs)
 					continue
