@@ -90,7 +90,7 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 	} else {
 		ifd = -1
 	}
-	buf := make([]byte, 256<<10)
+	buf := make([]byte, 128<<10)
 	evbuf := make([]byte, 4096)
 	final := false
 	for {
@@ -129,7 +129,7 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 			}
 		}
 		// Let the writer get ahead: one wake per 10 ms copies what it
-		// wrote meanwhile in 256 KiB reads, instead of one read per write.
+		// wrote meanwhile in 128 KiB reads, instead of one read per write.
 		// Not once the writers are gone: then the final pass runs at once.
 		select {
 		case <-done:

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"sync"
@@ -74,6 +75,10 @@ func Run(cfg Config) (*Result, error) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return nil, os.NewSyscallError("prctl(PR_SET_CHILD_SUBREAPER)", err)
 	}
+	// A wrapper lives as long as its job, one per job on a host: keep its
+	// heap small. The limit is soft (the GC works harder near it, nothing
+	// fails); the live heap is a few hundred KiB.
+	debug.SetMemoryLimit(4 << 20)
 	s := &supervisor{cfg: cfg, diag: cfg.Diag, self: os.Getpid(), escaped: map[int]statusfile.Escaped{}}
 	s.sigs = make(chan os.Signal, 32)
 	signal.Notify(s.sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGCHLD, unix.SIGPIPE)
