@@ -94,7 +94,7 @@ func TestLoad(t *testing.T) {
 				t.Errorf("%s: alive after a confirmed cancel: %v", id, live)
 			}
 		}
-		if runtest.Within(runtest.Patience, func() bool { return !stop.WrapperAlive(rec) }) == false {
+		if !runtest.Within(runtest.Patience, func() bool { return !stop.WrapperAlive(rec) }) {
 			wrappers++
 			t.Errorf("%s: wrapper %d still alive after its final record", id, rec.WrapperPID)
 		}
