@@ -61,7 +61,9 @@ func runCancel(e *Env, args []string) int {
 		defer w.Close()
 		if err := requestCancel(d); err != nil {
 			e.errorf("run %s: %v", d.ID, err)
-			return ExitFailure
+			if !errors.Is(err, errIntentOnly) {
+				return ExitFailure
+			}
 		}
 		err := proc.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGTERM)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
@@ -125,8 +127,18 @@ func requestCancel(d *rundir.Dir) error {
 		return fmt.Errorf("cannot journal the cancel, so nothing was signalled: %w", err)
 	}
 	rec.State, rec.Cause = statusfile.Cancelling, statusfile.CauseCancel
-	return statusfile.Write(d, rec, false) // the synced intent line above is the durable fact
+	if err := statusfile.Write(d, rec, false); err != nil {
+		// The synced intent line is the durable fact; a record we cannot
+		// write (a full disk) must not keep the job running. The wrapper
+		// then records the stop as caused by our TERM (exit 143 either way).
+		return fmt.Errorf("%w: %v", errIntentOnly, err)
+	}
+	return nil
 }
+
+// errIntentOnly: the cancel is journaled but `cancelling` could not be
+// written; the caller signals the wrapper anyway.
+var errIntentOnly = errors.New("the cancel is journaled, but the cancelling record could not be written")
 
 // confirm prints the final record's summary: exit 0 when the run is terminal
 // and nothing survived, 1 otherwise.

@@ -239,12 +239,18 @@ func (s *supervisor) launch() (int, error) {
 		if cg, err = cgroup.Create(fmt.Sprintf("%s.%d", s.cfg.ID, s.self)); err == nil {
 			defer cg.Close()
 			attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, cg.FD()
+			// Name the cgroup in the record before the fork: if the
+			// wrapper dies before it records the job's PID, cancel and
+			// the watchdog still find the job there.
+			s.rec.Boundary, s.rec.Cgroup = BoundaryCgroup, cg.Path
+			s.writeRecord(false)
 		}
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
 	if err != nil && cg != nil && cloneIntoCgroupUnsupported(err) {
 		cgroup.Remove(cg.Path)
 		cg = nil
+		s.rec.Boundary, s.rec.Cgroup = BoundarySubreaper, ""
 		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
 		pid, err = syscall.ForkExec(path, argv, attr)
 	}
@@ -341,7 +347,7 @@ func (s *supervisor) wait(deadline int64) string {
 				if s.pollLeader() {
 					return s.cancelledMeanwhile()
 				}
-				s.scan(true)
+				s.reapOthers()
 			case unix.SIGPIPE:
 				// A closed stream: the streamer has seen the error already.
 			case unix.SIGHUP:
@@ -362,7 +368,7 @@ func (s *supervisor) wait(deadline int64) string {
 			}
 			timer.Reset(time.Until(time.Unix(next, 0)))
 		case <-tick.C:
-			s.scan(true)
+			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
 			if s.pollLeader() {
 				return s.cancelledMeanwhile()
 			}
@@ -495,6 +501,31 @@ func childInfo(si *unix.Siginfo) (pid, status int) {
 	pid = int(*(*int32)(unsafe.Add(base, off)))
 	status = int(*(*int32)(unsafe.Add(base, off+8)))
 	return pid, status
+}
+
+// reapOthers reaps exited children other than the leader (orphans of the
+// job, reparented to us as their subreaper) without reading /proc:
+// waitid(WNOWAIT) names a zombie child; unless it is the leader, wait4 reaps
+// it. The leader is left for reapAll, after its group has been stopped.
+func (s *supervisor) reapOthers() {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return // ECHILD: no children
+		}
+		pid, _ := childInfo(&info)
+		if pid <= 0 || pid == s.leader {
+			return
+		}
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err != nil && err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // target is a process the stop must end: a member of the job's group, or a
