@@ -27,8 +27,9 @@ import (
 )
 
 // The phases of a run's life at which its wrapper is SIGKILLed.
-// "starting" counts from the exec of the wrapper, "claimed" from the
-// moment its run directory exists (the window in which it starts the job).
+// "starting" counts from the exec of the wrapper, "claimed" from its first
+// record (`starting`, written right after the claim): the window in which it
+// starts the job.
 var crashPhases = []string{"starting", "claimed", "running", "cancelling", "finishing"}
 
 const (
@@ -84,7 +85,7 @@ func TestCrashConsistency(t *testing.T) {
 			case "starting":
 				d = time.Duration(rng.IntN(250)) * time.Millisecond
 			case "claimed":
-				d = time.Duration(rng.IntN(60)) * time.Millisecond
+				d = time.Duration(rng.IntN(80)) * time.Millisecond
 			case "running":
 				d = time.Duration(rng.IntN(1500)) * time.Millisecond
 			case "cancelling":
@@ -228,11 +229,11 @@ func crashOne(bin, root string, r *crashRun, finishAfter int) error {
 	case "starting":
 	case "claimed":
 		ok := runtest.Within(runtest.Patience, func() bool {
-			_, err := os.Lstat(run.Dir())
+			_, err := os.Lstat(filepath.Join(run.Dir(), rundir.StatusFile))
 			return err == nil
 		})
 		if !ok {
-			return errors.New("never claimed its run directory")
+			return errors.New("never wrote its first record")
 		}
 	default:
 		ok := runtest.Within(runtest.Patience, func() bool {
