@@ -62,6 +62,9 @@ func ParseStat(b []byte) (Stat, error) {
 		return Stat{}, fmt.Errorf("parse /proc stat: %d fields after the command name, want at least 20", len(f))
 	}
 	s.State = f[0][0]
+	if !(s.State >= 'A' && s.State <= 'Z' || s.State >= 'a' && s.State <= 'z') {
+		return Stat{}, fmt.Errorf("parse /proc stat: state %q is not a letter", s.State)
+	}
 	ints := []*int{&s.PPID, &s.PGID, &s.SID}
 	for i, p := range ints {
 		v, err := strconv.Atoi(f[1+i])
