@@ -293,6 +293,10 @@ func (c *Cmd) Wait(t testing.TB) int {
 	select {
 	case <-c.done:
 	case <-time.After(Patience):
+		// Kill it and let exec's copying goroutines finish before the
+		// buffers are read.
+		_ = c.Process.Kill()
+		<-c.done
 		t.Fatalf("%v did not exit within %v\nstderr: %s", c.Args, Patience, c.Stderr.String())
 	}
 	return c.ProcessState.ExitCode()
