@@ -90,21 +90,12 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 	} else {
 		ifd = -1
 	}
-	buf := make([]byte, 128<<10)
+	p := newPump(f, w)
 	evbuf := make([]byte, 4096)
 	final := false
 	for {
-		n, rerr := f.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return werr
-			}
-		}
-		if rerr == nil {
-			continue
-		}
-		if rerr != io.EOF {
-			return rerr
+		if err := p.toEOF(); err != nil {
+			return err
 		}
 		if final {
 			return nil
@@ -135,6 +126,64 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 		case <-done:
 		default:
 			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// pump copies a log file from its current offset to a stream. Where the
+// stream is a file descriptor (a pipe or socket under ssh, a terminal,
+// /dev/null) it uses sendfile(2), so the bytes never pass through the
+// wrapper's memory; elsewhere, or if the kernel refuses, read and write.
+type pump struct {
+	f     *os.File
+	w     io.Writer
+	outfd int // -1: no sendfile
+	buf   []byte
+}
+
+func newPump(f *os.File, w io.Writer) *pump {
+	p := &pump{f: f, w: w, outfd: -1}
+	if of, ok := w.(*os.File); ok {
+		p.outfd = int(of.Fd()) // Fd puts it in blocking mode, as sendfile needs
+	}
+	return p
+}
+
+// toEOF copies until the end of the file as it is now. A write error (the
+// stream is gone) is returned; the end of the file is not an error.
+func (p *pump) toEOF() error {
+	for p.outfd >= 0 {
+		n, err := unix.Sendfile(p.outfd, int(p.f.Fd()), nil, 1<<20)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			fds := []unix.PollFd{{Fd: int32(p.outfd), Events: unix.POLLOUT}}
+			_, _ = unix.Poll(fds, 1000)
+			continue
+		case err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP:
+			p.outfd = -1 // this pair cannot sendfile: fall back
+		case err != nil:
+			return &os.PathError{Op: "write", Path: "stream", Err: err}
+		case n == 0:
+			return nil
+		}
+	}
+	if p.buf == nil {
+		p.buf = make([]byte, 128<<10)
+	}
+	for {
+		n, rerr := p.f.Read(p.buf)
+		if n > 0 {
+			if _, werr := p.w.Write(p.buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
 		}
 	}
 }
