@@ -167,7 +167,7 @@ func (e *Env) existingRun(root *rundir.Root, id string) int {
 			id, strings.ReplaceAll(rec.State, "_", " "), rec.Code(), rec.EndedAt)
 		return rec.Code()
 	}
-	if WrapperAlive(rec) {
+	if stop.WrapperAlive(rec) {
 		e.errorf("run %s is already %s (job PID %d, wrapper PID %d); not running it again", id, rec.State, rec.PID, rec.WrapperPID)
 		e.hint("follow it with 'agent-wrap logs -f %s' or 'agent-wrap wait %s'", id, id)
 		return ExitTempFail
@@ -176,7 +176,3 @@ func (e *Env) existingRun(root *rundir.Root, id string) int {
 	e.hint("see what happened with 'agent-wrap reconcile %s'", id)
 	return ExitTempFail
 }
-
-// WrapperAlive reports whether the record's wrapper is still the live
-// process it recorded (see stop.WrapperAlive).
-func WrapperAlive(rec *statusfile.Record) bool { return stop.WrapperAlive(rec) }
