@@ -435,3 +435,131 @@ func TestRunStreamLostJobUnaffected(t *testing.T) {
 		t.Fatalf("state %s code %d", rec.State, rec.Code())
 	}
 }
+
+// The followers (the wrapper's stream and `logs -f`) watch with one-shot
+// inotify watches, so a job writing in many small writes pays for one event
+// per wake-up, not one per write; each must re-arm its watch, or output
+// after an idle spell would wait for the slow backstop. While the job is
+// blocked after its first line, both processes hold an armed one-shot
+// IN_MODIFY watch (read from /proc/PID/fdinfo), and the line written after
+// the idle spell reaches both, byte for byte.
+func TestStreamWatchRearmedAfterIdle(t *testing.T) {
+	root := runtest.NewRoot(t)
+	r := runtest.Run{Root: root, ID: "idle"}
+	t.Cleanup(r.Kill)
+	fifo := filepath.Join(t.TempDir(), "go")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(runtest.Binary(t), "--root", root, "run", "--lease", "0", "idle", "--",
+		"sh", "-c", `echo first; read x < "$0"; echo "second $x"`, fifo)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var streamed bytes.Buffer
+	readDone := make(chan error, 1)
+	firstSeen := make(chan struct{})
+	go func() {
+		buf := make([]byte, 4096)
+		seen := false
+		for {
+			n, err := out.Read(buf)
+			streamed.Write(buf[:n])
+			if !seen && strings.Contains(streamed.String(), "first\n") {
+				seen = true
+				close(firstSeen)
+			}
+			if err != nil {
+				readDone <- err
+				return
+			}
+		}
+	}()
+	select {
+	case <-firstSeen:
+	case <-time.After(runtest.Patience):
+		t.Fatal("the first line was never streamed")
+	}
+	logs := runtest.Start(t, root, "logs", "-f", "idle")
+	runtest.Eventually(t, "logs -f printed the first line", func() bool {
+		return strings.Contains(logs.Stdout.String(), "first\n")
+	})
+
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(r.Dir(), "stdout.log"), &st); err != nil {
+		t.Fatal(err)
+	}
+	var dir unix.Stat_t
+	if err := unix.Stat(r.Dir(), &dir); err != nil {
+		t.Fatal(err)
+	}
+	// The wrapper watches stdout.log itself; logs -f watches the run
+	// directory (file and record changes alike).
+	runtest.Eventually(t, "the wrapper holds an armed one-shot watch on stdout.log", func() bool {
+		return hasOneShotWatch(cmd.Process.Pid, st.Ino)
+	})
+	runtest.Eventually(t, "logs -f holds an armed one-shot watch on the run directory", func() bool {
+		return hasOneShotWatch(logs.Process.Pid, dir.Ino)
+	})
+
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(w, "after-idle")
+	w.Close()
+	select {
+	case <-readDone:
+	case <-time.After(runtest.Patience):
+		t.Fatal("the stream never ended")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("wrapper: %v", err)
+	}
+	want := "first\nsecond after-idle\n"
+	if streamed.String() != want || r.File("stdout.log") != want {
+		t.Fatalf("streamed %q, stdout.log %q; want %q", streamed.String(), r.File("stdout.log"), want)
+	}
+	if code := logs.Wait(t); code != 0 || logs.Stdout.String() != want {
+		t.Fatalf("logs -f: exit %d, printed %q; want 0, %q", code, logs.Stdout.String(), want)
+	}
+}
+
+// hasOneShotWatch reports whether process pid holds an inotify watch on
+// inode ino that is one-shot and includes IN_MODIFY, from its fdinfo
+// ("inotify wd:1 ino:1a2b sdev:fd00001 mask:80000002 ...", hex fields).
+func hasOneShotWatch(pid int, ino uint64) bool {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fdinfo", pid))
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.HasPrefix(line, "inotify ") {
+				continue
+			}
+			var wino, mask uint64
+			for _, f := range strings.Fields(line) {
+				k, v, _ := strings.Cut(f, ":")
+				switch k {
+				case "ino":
+					wino, _ = strconv.ParseUint(v, 16, 64)
+				case "mask":
+					mask, _ = strconv.ParseUint(v, 16, 64)
+				}
+			}
+			if wino == ino && mask&unix.IN_ONESHOT != 0 && mask&unix.IN_MODIFY != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -258,9 +258,43 @@ func (r Run) Kill() {
 // Cmd is an agent-wrap process started by a test.
 type Cmd struct {
 	*exec.Cmd
-	Stdout, Stderr bytes.Buffer
+	Stdout, Stderr Buffer
 	done           chan struct{}
 	err            error
+}
+
+// Buffer collects a process's output; it may be read while the process is
+// still writing it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns a copy of what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// Bytes returns a copy of what was written so far.
+func (b *Buffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.b.Bytes())
+}
+
+// Len is the number of bytes written so far.
+func (b *Buffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Len()
 }
 
 // Start starts the binary with args and AGENT_WRAP_ROOT=root, in its own
