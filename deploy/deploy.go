@@ -22,7 +22,7 @@ import (
 	"embed"
 	"fmt"
 	"path/filepath"
-	"regexp"
+	"strings"
 	"sync"
 	"text/template"
 )
@@ -54,13 +54,30 @@ type unitData struct {
 	Marker   string
 }
 
-// safePath is what may be written unquoted into an ExecStart= line, a cron
-// line and a shell command: no spaces, quotes, '%' (special to both systemd
-// and cron), '$' or backslashes.
-var safePath = regexp.MustCompile(`^/[A-Za-z0-9._/@+-]*$`)
+// safePath reports whether p may be written unquoted into an ExecStart=
+// line, a cron line and a shell command: an absolute path of letters,
+// digits and ._/@+- only, so no spaces, quotes, '%' (special to both
+// systemd and cron), '$' or backslashes. A byte loop rather than a regexp:
+// a package-level regexp is compiled at every start of the binary, cancel
+// and the watchdog included, for a check only install and deploy make.
+func safePath(p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("._/@+-", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 func checkPath(what, p string) error {
-	if !safePath.MatchString(p) || filepath.Clean(p) != p {
+	if !safePath(p) || filepath.Clean(p) != p {
 		return fmt.Errorf("%s %q: must be a clean absolute path of letters, digits and ._/@+- only", what, p)
 	}
 	return nil

@@ -182,3 +182,26 @@ func TestUnsafePaths(t *testing.T) {
 		}
 	}
 }
+
+func TestSafePath(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/usr/local/bin/agent-wrap": true,
+		"/home/ci/.agent-runs":      true,
+		"/srv/runs@2/x+y_z-1.0":     true,
+		"/":                         true,
+		"":                          false,
+		"relative/path":             false,
+		"/tmp/a b":                  false,
+		"/tmp/%h":                   false,
+		"/tmp/$HOME":                false,
+		`/tmp/a\b`:                  false,
+		"/tmp/'q'":                  false,
+		`/tmp/"q"`:                  false,
+		"/tmp/é":                    false,
+		"/tmp/a\nb":                 false,
+	} {
+		if got := safePath(p); got != want {
+			t.Errorf("safePath(%q) = %v, want %v", p, got, want)
+		}
+	}
+}
