@@ -111,6 +111,8 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 	}
 	p := newPump(f, w)
 	evbuf := make([]byte, 4096)
+	batch := time.NewTimer(10 * time.Millisecond)
+	defer batch.Stop()
 	final := false
 	for {
 		arm()
@@ -141,12 +143,13 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 		}
 		// Let the writer get ahead: one wake per 10 ms copies what it
 		// wrote meanwhile in large batches, instead of one read per write.
-		// Not once the writers are gone: then the final pass runs at once.
+		// Once the writers are gone the final pass runs at once: the wait
+		// ends early, or the run's end would wait for it.
 		select {
 		case <-done:
-		default:
-			time.Sleep(10 * time.Millisecond)
+		case <-batch.C:
 		}
+		batch.Reset(10 * time.Millisecond)
 	}
 }
 
