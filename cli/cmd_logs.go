@@ -64,7 +64,7 @@ func runLogs(e *Env, args []string) int {
 		}
 		return ExitOK
 	}
-	fo := newFollower(d)
+	fo := newFollower(d, true)
 	defer fo.Close()
 	for {
 		if err := l.copy(); err != nil {

@@ -46,7 +46,12 @@ type follower struct {
 	unknownSince time.Time
 }
 
-func newFollower(d *rundir.Dir) *follower {
+// newFollower: logs says whether the follower also wakes on writes to the
+// logs (logs -f) or only on a replaced record (wait).
+func newFollower(d *rundir.Dir, logs bool) *follower {
+	if logs {
+		return &follower{d: d, w: d.WatchLogs()}
+	}
 	return &follower{d: d, w: d.Watch()}
 }
 
@@ -84,9 +89,10 @@ func (f *follower) poll() (*statusfile.Record, *reconcile.Verdict) {
 	return nil, nil
 }
 
-// sleep waits for a change in the run directory, at most d. A job that
-// writes its log without pause wakes the watcher on every write; wake-ups
-// are spaced at least minNap apart so following it costs little.
+// sleep waits for a change in the run directory, at most d. Under logs -f
+// a job that writes its log without pause wakes the watcher at every
+// re-arm; wake-ups are spaced at least minNap apart so following it costs
+// little.
 func (f *follower) sleep(d time.Duration) {
 	const minNap = 20 * time.Millisecond
 	start := time.Now()
@@ -121,7 +127,7 @@ func runWait(e *Env, args []string) int {
 	if timeout > 0 {
 		deadline = time.Now().Add(time.Duration(timeout))
 	}
-	f := newFollower(d)
+	f := newFollower(d, false)
 	defer f.Close()
 	for {
 		rec, v := f.poll()

@@ -442,7 +442,8 @@ func TestRunStreamLostJobUnaffected(t *testing.T) {
 // after an idle spell would wait for the slow backstop. While the job is
 // blocked after its first line, both processes hold an armed one-shot
 // IN_MODIFY watch (read from /proc/PID/fdinfo), and the line written after
-// the idle spell reaches both, byte for byte.
+// the idle spell reaches both, byte for byte. `wait` watches only for the
+// record's replacement (IN_MOVED_TO), so the job's writes never wake it.
 func TestStreamWatchRearmedAfterIdle(t *testing.T) {
 	root := runtest.NewRoot(t)
 	r := runtest.Run{Root: root, ID: "idle"}
@@ -505,6 +506,11 @@ func TestStreamWatchRearmedAfterIdle(t *testing.T) {
 	runtest.Eventually(t, "logs -f holds an armed one-shot watch on the run directory", func() bool {
 		return hasOneShotWatch(logs.Process.Pid, dir.Ino)
 	})
+	wait := runtest.Start(t, root, "wait", "idle")
+	runtest.Eventually(t, "wait holds a one-shot watch for the record only", func() bool {
+		m, ok := watchMask(wait.Process.Pid, dir.Ino)
+		return ok && m&unix.IN_ONESHOT != 0 && m&unix.IN_MOVED_TO != 0 && m&(unix.IN_MODIFY|unix.IN_CLOSE_WRITE) == 0
+	})
 
 	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
 	if err != nil {
@@ -527,15 +533,25 @@ func TestStreamWatchRearmedAfterIdle(t *testing.T) {
 	if code := logs.Wait(t); code != 0 || logs.Stdout.String() != want {
 		t.Fatalf("logs -f: exit %d, printed %q; want 0, %q", code, logs.Stdout.String(), want)
 	}
+	if code := wait.Wait(t); code != 0 {
+		t.Fatalf("wait: exit %d, want the job's 0\n%s", code, wait.Stderr.String())
+	}
 }
 
 // hasOneShotWatch reports whether process pid holds an inotify watch on
-// inode ino that is one-shot and includes IN_MODIFY, from its fdinfo
-// ("inotify wd:1 ino:1a2b sdev:fd00001 mask:80000002 ...", hex fields).
+// inode ino that is one-shot and includes IN_MODIFY.
 func hasOneShotWatch(pid int, ino uint64) bool {
+	m, ok := watchMask(pid, ino)
+	return ok && m&unix.IN_ONESHOT != 0 && m&unix.IN_MODIFY != 0
+}
+
+// watchMask returns the mask of process pid's inotify watch on inode ino,
+// from its fdinfo ("inotify wd:1 ino:1a2b sdev:fd00001 mask:80000002 ...",
+// hex fields).
+func watchMask(pid int, ino uint64) (uint64, bool) {
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fdinfo", pid))
 	if err != nil {
-		return false
+		return 0, false
 	}
 	for _, fd := range fds {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
@@ -556,10 +572,10 @@ func hasOneShotWatch(pid int, ino uint64) bool {
 					mask, _ = strconv.ParseUint(v, 16, 64)
 				}
 			}
-			if wino == ino && mask&unix.IN_ONESHOT != 0 && mask&unix.IN_MODIFY != 0 {
-				return true
+			if wino == ino {
+				return mask, true
 			}
 		}
 	}
-	return false
+	return 0, false
 }

@@ -7,8 +7,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Watcher wakes a waiter when files in a run directory are replaced or
-// written (inotify), so commands that wait for a record (cancel, wait,
+// Watcher wakes a waiter when status.json is replaced, or (WatchLogs) when
+// files in the run directory are written (inotify), so commands that wait for a record (cancel, wait,
 // logs -f) react at once instead of sleeping between polls. Where inotify
 // is unavailable, Wait simply sleeps for its timeout: callers always
 // re-check the files after Wait, so a missed event only costs latency.
@@ -20,17 +20,31 @@ import (
 type Watcher struct {
 	fd   int
 	path string
+	mask uint32
 	buf  []byte
 }
 
-const watchMask = unix.IN_MOVED_TO | unix.IN_CLOSE_WRITE | unix.IN_MODIFY | unix.IN_DELETE_SELF | unix.IN_CREATE | unix.IN_ONESHOT
+// recordMask: status.json is only ever replaced by a rename (IN_MOVED_TO);
+// IN_DELETE_SELF ends a wait on a run that gc removed. logsMask adds the
+// writes to the logs and the journal.
+const (
+	recordMask = unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_ONESHOT
+	logsMask   = recordMask | unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_CREATE
+)
 
-// Watch starts watching the directory for replaced, written and removed
-// files.
-func (d *Dir) Watch() *Watcher {
+// Watch starts watching the directory for a replaced status.json (what
+// cancel and wait wait for), so a job's writes to its logs do not wake the
+// waiter.
+func (d *Dir) Watch() *Watcher { return d.watch(recordMask) }
+
+// WatchLogs starts watching the directory for a replaced record and for
+// writes to the logs (logs -f).
+func (d *Dir) WatchLogs() *Watcher { return d.watch(logsMask) }
+
+func (d *Dir) watch(mask uint32) *Watcher {
 	// The descriptor's /proc link names the directory we opened, whatever
 	// happens to its path.
-	w := &Watcher{fd: -1, path: fmt.Sprintf("/proc/self/fd/%d", d.fd), buf: make([]byte, 4096)}
+	w := &Watcher{fd: -1, path: fmt.Sprintf("/proc/self/fd/%d", d.fd), mask: mask, buf: make([]byte, 4096)}
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return w
@@ -46,7 +60,7 @@ func (w *Watcher) arm() {
 	if w.fd < 0 {
 		return
 	}
-	if _, err := unix.InotifyAddWatch(w.fd, w.path, watchMask); err != nil {
+	if _, err := unix.InotifyAddWatch(w.fd, w.path, w.mask); err != nil {
 		w.Close()
 	}
 }
