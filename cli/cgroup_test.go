@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,6 +51,30 @@ func TestCgroupBoundary(t *testing.T) {
 	r.AssertGroupEmpty(t)
 	if _, err := os.Stat(rec.Cgroup); !os.IsNotExist(err) {
 		t.Fatalf("the run's cgroup was left behind: %v", err)
+	}
+
+	// A launch that fails (command not found) after the cgroup was made
+	// for it: the cgroup is removed and the record does not name it.
+	c, r = startRun(t, root, "nocmd", "nocmd", "--", "/nonexistent/agent-wrap-test")
+	if code := c.Wait(t); code != 127 {
+		t.Fatalf("command not found: exit %d, want 127\n%s", code, c.Stderr.String())
+	}
+	if rec := r.MustStatus(t); rec.State != statusfile.LaunchFailed || rec.Boundary != "session+subreaper" || rec.Cgroup != "" {
+		t.Fatalf("launch failed: state %s boundary %q cgroup %q", rec.State, rec.Boundary, rec.Cgroup)
+	}
+	mnt, err := cgroup.Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := cgroup.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(mnt, self, cgroup.Parent))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "nocmd.") {
+			t.Fatalf("the failed launch left its cgroup %s behind", e.Name())
+		}
 	}
 
 	c, r = startRun(t, root, "nocg", "--cgroup", "off", "nocg", "--", "sleep", "300")

@@ -56,6 +56,7 @@ type supervisor struct {
 
 	escaped map[int]statusfile.Escaped // by PID; validated by start time
 	cgroup  string                     // the run's cgroup directory, if it has one
+	cg      *cgroup.Group              // created before the first record, until the fork
 
 	journalMu sync.Mutex
 }
@@ -119,6 +120,19 @@ func (s *supervisor) run() *Result {
 		GraceSeconds: cfg.Grace.Seconds(),
 		OnHangup:     cfg.OnHangup,
 		Boundary:     BoundarySubreaper,
+	}
+	if cfg.Cgroup != CgroupOff {
+		// The job will start inside its own cgroup (clone3
+		// CLONE_INTO_CGROUP): there is no moment at which it or a child is
+		// outside it. The first record already names it, so a wrapper
+		// that dies before it records the job's PID leaves the job
+		// findable by cancel and the watchdog, and the run is recorded
+		// once before the fork, not twice (one fsync less on the way to
+		// the job's start).
+		if cg, err := cgroup.Create(fmt.Sprintf("%s.%d", cfg.ID, s.self)); err == nil {
+			s.cg = cg
+			s.rec.Boundary, s.rec.Cgroup = BoundaryCgroup, cg.Path
+		}
 	}
 	s.writeRecord(false)
 	s.journal("created", journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart,
@@ -193,6 +207,9 @@ func (s *supervisor) run() *Result {
 
 // launch starts the job in a new session and verifies that it has one.
 func (s *supervisor) launch() (int, error) {
+	if s.cg != nil {
+		defer s.cg.Close() // the fork has it, or there is no job
+	}
 	argv := s.cfg.Argv
 	path, err := exec.LookPath(argv[0])
 	if err != nil && !errors.Is(err, exec.ErrDot) {
@@ -234,25 +251,14 @@ func (s *supervisor) launch() (int, error) {
 		Files: []uintptr{stdin.Fd(), out.Fd(), errf.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
-	var cg *cgroup.Group
-	if s.cfg.Cgroup != CgroupOff {
-		// The job starts inside its own cgroup (clone3 CLONE_INTO_CGROUP):
-		// there is no moment at which it or a child is outside it.
-		var err error
-		if cg, err = cgroup.Create(fmt.Sprintf("%s.%d", s.cfg.ID, s.self)); err == nil {
-			defer cg.Close()
-			attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, cg.FD()
-			// Name the cgroup in the record before the fork: if the
-			// wrapper dies before it records the job's PID, cancel and
-			// the watchdog still find the job there.
-			s.rec.Boundary, s.rec.Cgroup = BoundaryCgroup, cg.Path
-			s.writeRecord(false)
-		}
+	cg := s.cg
+	if cg != nil {
+		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, cg.FD()
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
 	if err != nil && cg != nil && cloneIntoCgroupUnsupported(err) {
 		cgroup.Remove(cg.Path)
-		cg = nil
+		cg, s.cg = nil, nil
 		s.rec.Boundary, s.rec.Cgroup = BoundarySubreaper, ""
 		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
 		pid, err = syscall.ForkExec(path, argv, attr)
@@ -312,6 +318,14 @@ func cloneIntoCgroupUnsupported(err error) bool {
 
 func (s *supervisor) launchFailed(code int, err error) *Result {
 	s.warn("%v", err)
+	if s.cg != nil && s.cgroup == "" {
+		// No job ever ran in it (or it was killed there): remove it, and
+		// the record no longer names it.
+		if err := cgroup.Remove(s.cg.Path); err != nil {
+			s.warn("cannot remove the run's cgroup: %v", err)
+		}
+		s.rec.Boundary, s.rec.Cgroup = BoundarySubreaper, ""
+	}
 	s.rec.State = statusfile.LaunchFailed
 	s.rec.Error = err.Error()
 	s.rec.SetExit(code)
