@@ -30,17 +30,17 @@ func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
 		return false
 	}
 	pid := 0
-	if b, err := d.ReadFile(rundir.PIDFile); err == nil {
+	// The pid file is written in one write of "PID\n"; a wrapper killed
+	// between creating it and that write leaves it empty, which says as
+	// little as no file at all.
+	if b, err := d.ReadFile(rundir.PIDFile); err == nil && strings.HasSuffix(string(b), "\n") {
 		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	} else if cg := startingCgroup(rec); cg != "" {
-		// No pid file yet, but the run's cgroup: the session leader in it
-		// is the job.
-		procs, _ := cgroup.Procs(cg)
-		for _, p := range procs {
-			if st, err := proc.ReadStat(p); err == nil && st.PGID == p && st.SID == p && st.Start >= rec.WrapperStart {
-				pid = p
-				break
-			}
+	}
+	if pid <= 1 {
+		if cg := startingCgroup(rec); cg != "" {
+			// No pid yet, but the run's cgroup: the job is the session
+			// leader in it that started first.
+			pid = firstSessionLeader(cg, rec.WrapperStart)
 		}
 	}
 	if pid <= 1 {
@@ -67,6 +67,27 @@ func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
 	}
 	journal.Append(d, "adopted", f, true)
 	return true
+}
+
+// firstSessionLeader returns the session leader (PID == PGID == SID) in
+// cgroup cg that started first, no earlier than the wrapper (minStart), or
+// 0. The job's leader is the first process in the run's cgroup; a
+// descendant that called setsid is a session leader too, but started after
+// it (in the same clock tick at worst, and then with a higher PID, short of
+// a PID wrap-around within that tick).
+func firstSessionLeader(cg string, minStart uint64) int {
+	procs, _ := cgroup.Procs(cg)
+	best, bestStart := 0, uint64(0)
+	for _, p := range procs {
+		st, err := proc.ReadStat(p)
+		if err != nil || st.PGID != p || st.SID != p || st.Start < minStart {
+			continue
+		}
+		if best == 0 || st.Start < bestStart || (st.Start == bestStart && p < best) {
+			best, bestStart = p, st.Start
+		}
+	}
+	return best
 }
 
 // leaderCgroup returns the absolute cgroup v2 directory of pid when it is a

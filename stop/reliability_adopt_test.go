@@ -2,6 +2,7 @@ package stop_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -116,5 +118,62 @@ func TestOutsideRefusesUnknowableStart(t *testing.T) {
 	}
 	if rec, err := statusfile.Read(d); err != nil || rec.State != statusfile.Starting {
 		t.Fatalf("record after the refusal: %+v, %v", rec, err)
+	}
+}
+
+// A wrapper killed between creating the pid file and writing it leaves it
+// empty. The record names the run's cgroup, and in it are the job's leader
+// and, started after it, a descendant that called setsid (also a session
+// leader): the stop adopts the first as the job, not the escapee, and
+// stops both.
+func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
+	g, err := cgroup.Create(fmt.Sprintf("adopt-1.%d", os.Getpid()))
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI machines have a writable cgroup v2 tree, but: %v", err)
+		}
+		t.Skipf("no writable cgroup v2 subtree here: %v", err)
+	}
+	t.Cleanup(func() { g.Close(); cgroup.Kill(g.Path); cgroup.Remove(g.Path) })
+	inCgroup := func() *exec.Cmd {
+		cmd := exec.Command("sleep", "600")
+		cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true, UseCgroupFD: true, CgroupFD: g.FD()}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+		return cmd
+	}
+	leader := inCgroup()
+	escapee := inCgroup()
+	d := startingRun(t, 0)
+	if err := d.Remove(rundir.PIDFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteOnce(rundir.PIDFile, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Boundary, rec.Cgroup = "cgroup", g.Path
+	if err := statusfile.Write(d, rec, true); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Record.PGID != leader.Process.Pid {
+		t.Fatalf("adopted group %d, want the leader %d (the escapee is %d)", rep.Record.PGID, leader.Process.Pid, escapee.Process.Pid)
+	}
+	runtest.Eventually(t, "the leader and the escapee to die", func() bool {
+		return !runtest.Alive(leader.Process.Pid) && !runtest.Alive(escapee.Process.Pid)
+	})
+	if rep.Record.State != statusfile.Cancelled || len(rep.Record.Survivors) != 0 {
+		t.Fatalf("record after the stop: %+v", rep.Record)
 	}
 }
