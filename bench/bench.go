@@ -80,6 +80,44 @@ func Interleave(warmup, n int, fns ...func() (float64, error)) ([][]float64, err
 	return out, nil
 }
 
+// InterleaveRotating is Interleave with the order rotated each round (A, B,
+// C; B, C, A; C, A, B ...), so that no side always runs right after the same
+// other side: where one sample leaves the machine in a state that slows or
+// speeds the next (a gigabyte of page cache just freed), that lands on
+// every side in turn. Samples keep their round, so out[i][k] and out[j][k]
+// were taken in the same round.
+func InterleaveRotating(warmup, n int, fns ...func() (float64, error)) ([][]float64, error) {
+	out := make([][]float64, len(fns))
+	for round := 0; round < warmup+n; round++ {
+		for j := range fns {
+			i := (round + j) % len(fns)
+			v, err := fns[i]()
+			if err != nil {
+				return out, fmt.Errorf("round %d, side %d: %w", round, i, err)
+			}
+			if round >= warmup {
+				out[i] = append(out[i], v)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Quartiles returns the first and third quartiles of xs (the medians of its
+// lower and upper halves), or NaN for an empty xs.
+func Quartiles(xs []float64) (q1, q3 float64) {
+	if len(xs) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	h := len(s) / 2
+	if len(s) == 1 {
+		return s[0], s[0]
+	}
+	return Median(s[:h]), Median(s[len(s)-h:])
+}
+
 // ErrTimeout is returned by WaitUntil when the condition did not hold in time.
 var ErrTimeout = errors.New("timed out")
 

@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +54,34 @@ func TestInterleaveAlternatesAndDropsWarmup(t *testing.T) {
 	}
 	if len(s[0]) != 2 || s[0][0] != 3 || s[1][1] != 6 {
 		t.Errorf("samples %v: want the warm-up round dropped", s)
+	}
+}
+
+func TestInterleaveRotatingRotatesAndKeepsRounds(t *testing.T) {
+	var order []string
+	side := func(name string) func() (float64, error) {
+		return func() (float64, error) { order = append(order, name); return float64(len(order)), nil }
+	}
+	s, err := InterleaveRotating(0, 3, side("A"), side("B"), side("C"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(order, ""), "ABCBCACAB"; got != want {
+		t.Fatalf("order %s, want %s", got, want)
+	}
+	// Round 1 ran B (4th), C (5th), A (6th).
+	if s[0][1] != 6 || s[1][1] != 4 || s[2][1] != 5 {
+		t.Errorf("samples %v: want each kept in its round", s)
+	}
+}
+
+func TestQuartiles(t *testing.T) {
+	q1, q3 := Quartiles([]float64{9, 1, 5, 3, 7, 2, 8, 4, 6})
+	if q1 != 2.5 || q3 != 7.5 {
+		t.Errorf("Quartiles(1..9) = %v, %v; want 2.5, 7.5", q1, q3)
+	}
+	if q1, q3 := Quartiles(nil); !math.IsNaN(q1) || !math.IsNaN(q3) {
+		t.Error("Quartiles(nil) is not NaN")
 	}
 }
 

@@ -464,7 +464,11 @@ func (r *runner) output() error {
 			return dt, os.RemoveAll(filepath.Join(root, id))
 		})
 	}
-	s, err := bench.Interleave(1, r.n(9, 3), sides...)
+	// Rotated: the side after agent-wrap's always started just after a
+	// run directory with 1 GiB of log was removed, and in one run that
+	// side was the slow one (a median of 1952 ms against 1116-1500 ms for
+	// the others).
+	s, err := bench.InterleaveRotating(1, r.n(9, 3), sides...)
 	if err != nil {
 		return err
 	}
@@ -479,13 +483,23 @@ func (r *runner) output() error {
 	// lands on single samples, and a median of per-round ratios keeps
 	// those rounds out of the middle, where a median of each side lets
 	// them in on one side and not the other.
-	ratio := bench.Median(pairRatios(s[iDirect], s[iAW]))
+	//
+	// When the middle half of the per-round ratios spans the target, the
+	// run cannot tell a pass from a miss and says so instead of letting
+	// the noise decide.
+	ratios := pairRatios(s[iDirect], s[iAW])
+	ratio := bench.Median(ratios)
+	q1, q3 := bench.Quartiles(ratios)
+	result := passIf(ratio >= 0.95)
+	if q1 < 0.95 && 0.95 < q3 {
+		result = fmt.Sprintf("undecided: per-round ratios %.2f-%.2f (middle half) span the target", q1, q3)
+	}
 	r.rows = append(r.rows, row{
 		figure:   fmt.Sprintf("output, %s to stdout, streamed to /dev/null", humanBytes(size)),
 		measured: mbps(a), baseline: mbps(b) + " (job writes the file)",
 		ratio:  fmt.Sprintf("%.3f×", ratio),
 		target: "≥ 0.95×", limit: fmt.Sprintf("%.2f", 0.95/ratio),
-		pass: passIf(ratio >= 0.95),
+		pass: result,
 	})
 	r.detail("output: per-round throughput ratios %s; ratio of the medians %.3f×, of the minimums %.3f×", fmtRatios(pairRatios(s[iDirect], s[iAW])), b/a, minOf(s[iDirect])/minOf(s[iAW]))
 	r.detail("output under agent-wrap (wall time of the run): %s", spread(s[iAW], bench.Ms))

@@ -172,7 +172,13 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   stdout.log and the wrapper streams that file to its own stdout, /dev/null;
   baseline: the same job with fd 1 a file in the same run root. Each sample
   checks the size of stdout.log and deletes the files (no writeback in later
-  samples). Ratio: baseline time over agent-wrap time (throughput ratio).
+  samples), and starts by writing and freeing SIZE bytes of page cache, so
+  every sample starts from the same memory state. The order of the sides
+  rotates from round to round. Ratio: baseline time over agent-wrap time
+  (throughput ratio), taken per round; the figure is the median of those,
+  and the result is "undecided" when their middle half spans the target.
+  Beside it, references that are not targets: --no-stream, the job with
+  ` + "`tail -c +1 -f`" + ` following its file, and the job beside a busy loop.
   BENCH_OUTPUT_BYTES overrides SIZE.
 - **memory**: the job writes 10 MB to stdout once a second for 10 s; VmHWM of
   the wrapper process itself (/proc/PID/status every 10 ms until it exits;
