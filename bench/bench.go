@@ -65,19 +65,7 @@ func Min(xs []float64) float64 {
 // The warm-up rounds fill the page cache and the dentry cache for both
 // sides; their samples are dropped. The first error stops everything.
 func Interleave(warmup, n int, fns ...func() (float64, error)) ([][]float64, error) {
-	out := make([][]float64, len(fns))
-	for round := 0; round < warmup+n; round++ {
-		for i, fn := range fns {
-			v, err := fn()
-			if err != nil {
-				return out, fmt.Errorf("round %d, side %d: %w", round, i, err)
-			}
-			if round >= warmup {
-				out[i] = append(out[i], v)
-			}
-		}
-	}
-	return out, nil
+	return interleave(warmup, n, false, fns)
 }
 
 // InterleaveRotating is Interleave with the order rotated each round (A, B,
@@ -87,10 +75,17 @@ func Interleave(warmup, n int, fns ...func() (float64, error)) ([][]float64, err
 // every side in turn. Samples keep their round, so out[i][k] and out[j][k]
 // were taken in the same round.
 func InterleaveRotating(warmup, n int, fns ...func() (float64, error)) ([][]float64, error) {
+	return interleave(warmup, n, true, fns)
+}
+
+func interleave(warmup, n int, rotate bool, fns []func() (float64, error)) ([][]float64, error) {
 	out := make([][]float64, len(fns))
 	for round := 0; round < warmup+n; round++ {
 		for j := range fns {
-			i := (round + j) % len(fns)
+			i := j
+			if rotate {
+				i = (round + j) % len(fns)
+			}
 			v, err := fns[i]()
 			if err != nil {
 				return out, fmt.Errorf("round %d, side %d: %w", round, i, err)

@@ -370,34 +370,29 @@ func (r *runner) output() error {
 	// pages freed 2 s ago to the host; touching them again faults there):
 	// 1.0-2.4 s for the same 1 GiB write here, back to back.
 	warm := func() error { return warmPageCache(root, size) }
-	aw := func() (float64, error) {
-		if err := warm(); err != nil {
-			return 0, err
+	// wrapped: the job under agent-wrap bin with extra run flags; every
+	// sample checks that stdout.log holds every byte.
+	wrapped := func(bin string, extra ...string) func() (float64, error) {
+		return func() (float64, error) {
+			if err := warm(); err != nil {
+				return 0, err
+			}
+			id := r.id("out")
+			argv := append([]string{bin, "--root", root, "run", "--lease", "0"}, extra...)
+			argv = append(argv, id, "--", "head", "-c", sz, "/dev/zero")
+			dt, err := r.timed(0, devnull, argv...)
+			if err != nil {
+				return 0, err
+			}
+			st, err := os.Stat(filepath.Join(root, id, rundir.StdoutFile))
+			if err != nil {
+				return 0, err
+			}
+			if st.Size() != size {
+				return 0, fmt.Errorf("stdout.log has %d bytes, want %d", st.Size(), size)
+			}
+			return dt, os.RemoveAll(filepath.Join(root, id))
 		}
-		id := r.id("out")
-		dt, err := r.timed(0, devnull, r.bin, "--root", root, "run", "--lease", "0", id, "--", "head", "-c", sz, "/dev/zero")
-		if err != nil {
-			return 0, err
-		}
-		st, err := os.Stat(filepath.Join(root, id, rundir.StdoutFile))
-		if err != nil {
-			return 0, err
-		}
-		if st.Size() != size {
-			return 0, fmt.Errorf("stdout.log has %d bytes, want %d", st.Size(), size)
-		}
-		return dt, os.RemoveAll(filepath.Join(root, id))
-	}
-	noStream := func() (float64, error) {
-		if err := warm(); err != nil {
-			return 0, err
-		}
-		id := r.id("out")
-		dt, err := r.timed(0, devnull, r.bin, "--root", root, "run", "--no-stream", "--lease", "0", id, "--", "head", "-c", sz, "/dev/zero")
-		if err != nil {
-			return 0, err
-		}
-		return dt, os.RemoveAll(filepath.Join(root, id))
 	}
 	// directWith: the job writes the file directly while helper (if any)
 	// runs beside it; the helper is stopped by its PID once the job is
@@ -448,21 +443,11 @@ func (r *runner) output() error {
 		iSpin
 		iAlt
 	)
-	sides := []func() (float64, error){aw, directWith(), noStream,
+	sides := []func() (float64, error){wrapped(r.bin), directWith(), wrapped(r.bin, "--no-stream"),
 		directWith("tail", "-c", "+1", "-f", "FILE"),
 		directWith("sh", "-c", "while :; do :; done")}
 	if r.alt != "" {
-		sides = append(sides, func() (float64, error) {
-			if err := warm(); err != nil {
-				return 0, err
-			}
-			id := r.id("out")
-			dt, err := r.timed(0, devnull, r.alt, "--root", root, "run", "--lease", "0", id, "--", "head", "-c", sz, "/dev/zero")
-			if err != nil {
-				return 0, err
-			}
-			return dt, os.RemoveAll(filepath.Join(root, id))
-		})
+		sides = append(sides, wrapped(r.alt))
 	}
 	// Rotated: the side after agent-wrap's always started just after a
 	// run directory with 1 GiB of log was removed, and in one run that
