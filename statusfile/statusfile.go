@@ -158,6 +158,17 @@ func Parse(b []byte) (*Record, error) {
 	case r.PID < 0 || r.PGID < 0 || r.SID < 0 || r.WrapperPID < 0:
 		return nil, errors.New("status.json has a negative PID")
 	}
+	// An empty list and no list say the same for the fields Marshal omits
+	// when empty ("escaped", an escapee's "argv"); the record keeps the one
+	// form Marshal writes, so what is read is what would be written.
+	if len(r.Escaped) == 0 {
+		r.Escaped = nil
+	}
+	for i := range r.Escaped {
+		if len(r.Escaped[i].Argv) == 0 {
+			r.Escaped[i].Argv = nil
+		}
+	}
 	return &r, nil
 }
 
