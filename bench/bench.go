@@ -98,19 +98,28 @@ func interleave(warmup, n int, rotate bool, fns []func() (float64, error)) ([][]
 	return out, nil
 }
 
-// Quartiles returns the first and third quartiles of xs (the medians of its
-// lower and upper halves), or NaN for an empty xs.
-func Quartiles(xs []float64) (q1, q3 float64) {
-	if len(xs) == 0 {
+// MedianCI returns a distribution-free confidence interval of at least 95 %
+// for the median of the population xs was drawn from: the order statistics
+// x(k) and x(n+1-k), k the largest with P(Binomial(n, 1/2) < k) <= 2.5 %.
+// With fewer than 6 samples no such k exists and the interval is the whole
+// range of xs. NaN for an empty xs.
+func MedianCI(xs []float64) (lo, hi float64) {
+	n := len(xs)
+	if n == 0 {
 		return math.NaN(), math.NaN()
 	}
 	s := append([]float64(nil), xs...)
 	sort.Float64s(s)
-	h := len(s) / 2
-	if len(s) == 1 {
-		return s[0], s[0]
+	k, cdf, c, p := 1, 0.0, 1.0, math.Pow(0.5, float64(n)) // c = C(n, j)
+	for j := 0; j < n/2; j++ {
+		cdf += c * p // P(B <= j)
+		if cdf > 0.025 {
+			break
+		}
+		k = j + 1
+		c = c * float64(n-j) / float64(j+1)
 	}
-	return Median(s[:h]), Median(s[len(s)-h:])
+	return s[k-1], s[n-k]
 }
 
 // ErrTimeout is returned by WaitUntil when the condition did not hold in time.

@@ -75,13 +75,28 @@ func TestInterleaveRotatingRotatesAndKeepsRounds(t *testing.T) {
 	}
 }
 
-func TestQuartiles(t *testing.T) {
-	q1, q3 := Quartiles([]float64{9, 1, 5, 3, 7, 2, 8, 4, 6})
-	if q1 != 2.5 || q3 != 7.5 {
-		t.Errorf("Quartiles(1..9) = %v, %v; want 2.5, 7.5", q1, q3)
+func TestMedianCI(t *testing.T) {
+	seq := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(n - i) // descending: MedianCI must sort
+		}
+		return xs
 	}
-	if q1, q3 := Quartiles(nil); !math.IsNaN(q1) || !math.IsNaN(q3) {
-		t.Error("Quartiles(nil) is not NaN")
+	for _, c := range []struct {
+		n      int
+		lo, hi float64
+	}{
+		{5, 1, 5},   // P(B=0) = 1/32 > 2.5 %: the whole range
+		{9, 2, 8},   // P(B<=1) = 10/512 = 1.95 %
+		{20, 6, 15}, // P(B<=5) = 2.07 %, P(B<=6) = 5.77 %
+	} {
+		if lo, hi := MedianCI(seq(c.n)); lo != c.lo || hi != c.hi {
+			t.Errorf("MedianCI(1..%d) = %v, %v; want %v, %v", c.n, lo, hi, c.lo, c.hi)
+		}
+	}
+	if lo, hi := MedianCI(nil); !math.IsNaN(lo) || !math.IsNaN(hi) {
+		t.Error("MedianCI(nil) is not NaN")
 	}
 }
 

@@ -453,7 +453,7 @@ func (r *runner) output() error {
 	// run directory with 1 GiB of log was removed, and in one run that
 	// side was the slow one (a median of 1952 ms against 1116-1500 ms for
 	// the others).
-	s, err := bench.InterleaveRotating(1, r.n(9, 3), sides...)
+	s, err := bench.InterleaveRotating(1, r.n(15, 3), sides...)
 	if err != nil {
 		return err
 	}
@@ -469,15 +469,16 @@ func (r *runner) output() error {
 	// those rounds out of the middle, where a median of each side lets
 	// them in on one side and not the other.
 	//
-	// When the middle half of the per-round ratios spans the target, the
-	// run cannot tell a pass from a miss and says so instead of letting
-	// the noise decide.
+	// When the 95 % confidence interval of that median (order statistics
+	// of the rounds, bench.MedianCI) contains the target, the run cannot
+	// tell a pass from a miss and says so instead of letting the noise
+	// decide.
 	ratios := pairRatios(s[iDirect], s[iAW])
 	ratio := bench.Median(ratios)
-	q1, q3 := bench.Quartiles(ratios)
+	lo, hi := bench.MedianCI(ratios)
 	result := passIf(ratio >= 0.95)
-	if q1 < 0.95 && 0.95 < q3 {
-		result = fmt.Sprintf("undecided: per-round ratios %.2f-%.2f (middle half) span the target", q1, q3)
+	if lo < 0.95 && 0.95 < hi {
+		result = fmt.Sprintf("undecided: the median's 95 %% interval %.2f-%.2f contains the target", lo, hi)
 	}
 	r.rows = append(r.rows, row{
 		figure:   fmt.Sprintf("output, %s to stdout, streamed to /dev/null", humanBytes(size)),

@@ -175,8 +175,9 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   samples), and starts by writing and freeing SIZE bytes of page cache, so
   every sample starts from the same memory state. The order of the sides
   rotates from round to round. Ratio: baseline time over agent-wrap time
-  (throughput ratio), taken per round; the figure is the median of those,
-  and the result is "undecided" when their middle half spans the target.
+  (throughput ratio), taken per round; the figure is the median of those
+  over 15 rounds, and the result is "undecided" when that median's 95 %
+  confidence interval (order statistics of the rounds) contains the target.
   Beside it, references that are not targets: --no-stream, the job with
   ` + "`tail -c +1 -f`" + ` following its file, and the job beside a busy loop.
   BENCH_OUTPUT_BYTES overrides SIZE.
