@@ -73,7 +73,10 @@ func ReadDeadline(d *rundir.Dir) (int64, error) {
 	return ParseDeadline(b)
 }
 
-// WriteDeadline replaces a run's deadline atomically and durably.
+// WriteDeadline replaces a run's deadline atomically (never empty or torn),
+// without syncing the directory: a deadline matters only while the run
+// can be live, that is within this boot, and the page cache keeps it for
+// every process of this boot (see statusfile.Write).
 func WriteDeadline(d *rundir.Dir, epoch int64) error {
-	return d.WriteAtomic(rundir.DeadlineFile, FormatDeadline(epoch), true)
+	return d.WriteAtomic(rundir.DeadlineFile, FormatDeadline(epoch), false)
 }

@@ -188,9 +188,14 @@ func Read(d *rundir.Dir) (*Record, error) {
 	return r, nil
 }
 
-// Write replaces the run's record atomically; durable also fsyncs the
-// directory (use it for the records that matter: running, cancelling and
-// every terminal record).
+// Write replaces the run's record atomically (the new content is synced
+// before the rename, so the file is never empty or torn, even after a power
+// loss); durable also fsyncs the directory, so the replacement itself
+// survives a power loss. Use durable for terminal records only: only a
+// crash of the machine loses an unsynced rename, after the reboot the
+// boot_id makes every non-terminal run unknown whether the record says
+// starting, running or cancelling, and a terminal record is what still
+// answers then.
 func Write(d *rundir.Dir, r *Record, durable bool) error {
 	r.Schema = Schema
 	b, err := Marshal(r)

@@ -169,7 +169,7 @@ func (s *supervisor) run() *Result {
 		started["cgroup"] = s.cgroup
 	}
 	s.journal("started", started, false)
-	s.writeRecord(true)
+	s.writeRecord(false) // not terminal: see statusfile.Write
 	if cfg.Running != nil {
 		r := s.rec
 		cfg.Running(&r)
@@ -632,7 +632,7 @@ func (s *supervisor) noteEscape(p proc.Stat) {
 	s.escaped[p.PID] = e
 	s.journal("escaped", journal.Fields{"pid": p.PID, "pgid": p.PGID, "sid": p.SID, "start": p.Start, "argv": argv}, true)
 	s.rec.Escaped = append(s.rec.Escaped, e)
-	s.writeRecord(true)
+	s.writeRecord(false) // the synced journal line is the durable fact
 }
 
 func (s *supervisor) liveTargets() []target { return s.scanFast() }
