@@ -304,14 +304,6 @@ func pairRatios(num, den []float64) []float64 {
 	return out
 }
 
-func minOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v[1:] {
-		m = min(m, x)
-	}
-	return m
-}
-
 func fmtRatios(v []float64) string {
 	parts := make([]string, len(v))
 	for i, x := range v {
@@ -487,7 +479,7 @@ func (r *runner) output() error {
 		target: "≥ 0.95×", limit: fmt.Sprintf("%.2f", 0.95/ratio),
 		pass: result,
 	})
-	r.detail("output: per-round throughput ratios %s; ratio of the medians %.3f×, of the minimums %.3f×", fmtRatios(pairRatios(s[iDirect], s[iAW])), b/a, minOf(s[iDirect])/minOf(s[iAW]))
+	r.detail("output: per-round throughput ratios %s; ratio of the medians %.3f×, of the minimums %.3f×", fmtRatios(pairRatios(s[iDirect], s[iAW])), b/a, bench.Min(s[iDirect])/bench.Min(s[iAW]))
 	r.detail("output under agent-wrap (wall time of the run): %s", spread(s[iAW], bench.Ms))
 	r.detail("output, job writes the file: %s", spread(s[iDirect], bench.Ms))
 	r.detail("output under agent-wrap --no-stream (the job writes stdout.log, nothing reads it): %s; throughput ratio %.3f×", spread(s[iNoStream], bench.Ms), bench.Median(pairRatios(s[iDirect], s[iNoStream])))
