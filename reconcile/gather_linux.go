@@ -97,26 +97,19 @@ func gatherOnce(d *rundir.Dir) Input {
 }
 
 // rlock takes the run's lock shared, waiting at most LockWait. busy is true
-// when someone held it exclusively all that time. A missing lock file means
-// no one ever locked the run: nothing to wait for.
+// when someone held it exclusively all that time.
 func rlock(d *rundir.Dir) (unlock func(), busy bool) {
-	f, err := d.OpenFile(rundir.LockFile, unix.O_RDONLY, 0)
-	if err != nil {
-		return func() {}, false
-	}
 	deadline := time.Now().Add(LockWait)
 	wait := time.Millisecond
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		unlock, err := d.TryLockShared()
 		if err == nil {
-			return func() { f.Close() }, false
+			return unlock, false
 		}
-		if err != unix.EWOULDBLOCK && err != unix.EINTR {
-			f.Close()
+		if !errors.Is(err, rundir.ErrLocked) {
 			return func() {}, false
 		}
 		if time.Now().After(deadline) {
-			f.Close()
 			return func() {}, true
 		}
 		time.Sleep(wait)

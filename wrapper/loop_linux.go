@@ -91,14 +91,15 @@ func (s *supervisor) beginCancel(cause, event string) string {
 		s.warn("cannot lock the run: %v (stopping anyway)", err)
 	} else {
 		defer unlock()
-		if disk, err := statusfile.Read(s.d); err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
-			s.rec.State, s.rec.Cause = disk.State, disk.Cause
-			return disk.Cause
-		}
+	}
+	disk := s.readRecord()
+	if disk != nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
+		s.rec.State, s.rec.Cause = disk.State, disk.Cause
+		return disk.Cause
 	}
 	s.journal(event, journal.Fields{"cause": cause, "by": "wrapper", "pid": s.self}, true)
 	s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
-	s.writeRecordLocked(false)
+	s.replaceRecord(disk, false)
 	return cause
 }
 
@@ -110,29 +111,30 @@ func (s *supervisor) checkLease() (int64, string) {
 	unlock, err := s.d.Lock()
 	if err != nil {
 		s.warn("cannot lock the run: %v (enforcing the lease anyway)", err)
-		return 0, s.expire(0)
+		return 0, s.expire(s.readRecord(), 0)
 	}
 	defer unlock()
-	disk, err := statusfile.Read(s.d)
-	if err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
+	disk := s.readRecord()
+	if disk != nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
 		s.rec.State, s.rec.Cause = disk.State, disk.Cause
 		return 0, disk.Cause
 	}
 	dl, err := lease.ReadDeadline(s.d)
 	if err != nil {
 		s.warn("cannot read deadline_epoch: %v (treating the lease as expired)", err)
-		return 0, s.expire(0)
+		return 0, s.expire(disk, 0)
 	}
 	if time.Now().Before(time.Unix(dl, 0)) {
 		return dl, ""
 	}
-	return 0, s.expire(dl)
+	return 0, s.expire(disk, dl)
 }
 
-// expire records the lease expiry; the caller holds the lock.
-func (s *supervisor) expire(deadline int64) string {
+// expire records the lease expiry; the caller holds the lock and has just
+// read disk, the record on disk (nil: unreadable).
+func (s *supervisor) expire(disk *statusfile.Record, deadline int64) string {
 	s.journal("deadline_expired", journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self}, true)
 	s.rec.State, s.rec.Cause = statusfile.Cancelling, statusfile.CauseLease
-	s.writeRecordLocked(false)
+	s.replaceRecord(disk, false)
 	return statusfile.CauseLease
 }

@@ -42,6 +42,7 @@ type supervisor struct {
 	cg      *cgroup.Group              // created before the first record, until the fork
 
 	journalMu sync.Mutex
+	jw        *journal.Writer // the run's journal, kept open; nil until the first event
 }
 
 // stopAll stops the group and every escaped descendant: TERM, wait for them
