@@ -94,11 +94,13 @@ func run(args []string) int {
 	stdout.Close()
 	stderr.Close()
 	pid := cmd.Process.Pid
-	exits := reap()
+	// Read the leader's start time before anything reaps it: until then it
+	// is at least a zombie, and /proc/PID/stat is there.
 	leader, err := proc.ReadStat(pid)
 	if err != nil {
 		return fail(err)
 	}
+	exits := reap()
 	for _, name := range []string{"pid", "pgid"} {
 		w, err := f.create(name, unix.O_EXCL)
 		if err != nil {
