@@ -52,7 +52,7 @@ func (l Loop) Run(grace time.Duration) (stopped, survivors []int) {
 	if len(ms) == 0 {
 		return nil, nil
 	}
-	stopped = PIDs(ms)
+	stopped = pids(ms)
 	termed := map[proc.Identity]bool{}
 	term := func(ms []membership.Member, again bool) {
 		var fresh []membership.Member
@@ -73,7 +73,7 @@ func (l Loop) Run(grace time.Duration) (stopped, survivors []int) {
 		l.Signal(unix.SIGKILL, ms, again)
 		ms = l.waitGone(time.Now().Add(killEvery), ms, nil)
 	}
-	return stopped, PIDs(ms)
+	return stopped, pids(ms)
 }
 
 // waitGone waits until no member is alive or until the deadline. When the
@@ -115,8 +115,8 @@ func alive(ms []membership.Member) []membership.Member {
 	return out
 }
 
-// PIDs lists the members' PIDs, sorted.
-func PIDs(ms []membership.Member) []int {
+// pids lists the members' PIDs, sorted.
+func pids(ms []membership.Member) []int {
 	out := make([]int, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, m.PID)

@@ -17,11 +17,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// KillWait bounds how long KILL is repeated before the survivors are
-// recorded. KILL cannot be caught; only a process stuck in the kernel
-// outlives it.
-const KillWait = 10 * time.Second
-
 // Options describe a stop performed from outside the wrapper.
 type Options struct {
 	Grace  time.Duration // between TERM and KILL
@@ -116,12 +111,12 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		},
 		Signal: func(sig unix.Signal, ms []membership.Member, again bool) {
 			if sig == unix.SIGKILL && haveCgroup {
-				o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": PIDs(ms), "by": o.By}, false)
+				o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ms), "by": o.By}, false)
 				if err := cgroup.Kill(rec.Cgroup); err != nil {
 					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
 				}
 			}
-			o.journal(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": PIDs(ms), "by": o.By}, false)
+			o.journal(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(ms), "by": o.By}, false)
 			for _, m := range ms {
 				signalled[m.PID] = true
 				if err := proc.Signal(m.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
