@@ -13,8 +13,8 @@ import (
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
-// Now returns the wall clock and CLOCK_BOOTTIME in nanoseconds.
-func Now() (time.Time, int64) {
+// now returns the wall clock and CLOCK_BOOTTIME in nanoseconds.
+func now() (time.Time, int64) {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 	return time.Now().UTC(), ts.Nano()
@@ -93,7 +93,7 @@ func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 			return 0, fmt.Errorf("journal %s: %w", file.Name(), err)
 		}
 	}
-	at, mono := Now()
+	at, mono := now()
 	line, err := encode(seq+1, at, mono, event, f, prev)
 	if err != nil {
 		return 0, err

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -186,8 +187,13 @@ type Dir struct {
 	Path string
 	fd   int
 
-	mu         sync.Mutex // Lock within this process (flock is per open file description)
-	legacyLock bool       // the run has a `lock` file (made by an older agent-wrap)
+	// The run's lock within this process: a flock is held by an open file
+	// description, which all users of this Dir share.
+	rw           sync.RWMutex
+	readersMu    sync.Mutex
+	readers      int    // shared holders; the first takes the flock, the last drops it
+	sharedUnlock func() // drops the shared flock
+	legacyLock   bool   // the run has a `lock` file (made by an older agent-wrap)
 }
 
 // Close releases the directory's descriptor.
@@ -363,28 +369,42 @@ func (d *Dir) Sync() error {
 // with each other. Goroutines of one process that lock the same Dir wait
 // for each other too.
 func (d *Dir) Lock() (unlock func(), err error) {
-	d.mu.Lock()
+	d.rw.Lock()
 	u, err := d.flock(unix.LOCK_EX)
 	if err != nil {
-		d.mu.Unlock()
+		d.rw.Unlock()
 		return nil, err
 	}
-	return func() { u(); d.mu.Unlock() }, nil
+	return func() { u(); d.rw.Unlock() }, nil
 }
 
-// TryLockShared takes the run's lock shared (as Lock, for readers that
-// must not see a transition half-made), without waiting: ErrLocked when
-// someone holds it exclusively.
-func (d *Dir) TryLockShared() (unlock func(), err error) {
-	if !d.mu.TryLock() {
+// tryLockShared takes the run's lock shared, without waiting: ErrLocked
+// when someone holds it exclusively. Shared holders in this process share
+// one flock, taken by the first and released by the last.
+func (d *Dir) tryLockShared() (unlock func(), err error) {
+	if !d.rw.TryRLock() {
 		return nil, fmt.Errorf("run %s: %w", d.ID, ErrLocked)
 	}
-	u, err := d.flock(unix.LOCK_SH | unix.LOCK_NB)
-	if err != nil {
-		d.mu.Unlock()
-		return nil, err
+	d.readersMu.Lock()
+	defer d.readersMu.Unlock()
+	if d.readers == 0 {
+		u, err := d.flock(unix.LOCK_SH | unix.LOCK_NB)
+		if err != nil {
+			d.rw.RUnlock()
+			return nil, err
+		}
+		d.sharedUnlock = u
 	}
-	return func() { u(); d.mu.Unlock() }, nil
+	d.readers++
+	return func() {
+		d.readersMu.Lock()
+		if d.readers--; d.readers == 0 {
+			d.sharedUnlock()
+			d.sharedUnlock = nil
+		}
+		d.readersMu.Unlock()
+		d.rw.RUnlock()
+	}, nil
 }
 
 // flock locks the directory and, where there is one, the legacy lock file.
@@ -428,6 +448,33 @@ func flockRetry(fd, how int) error {
 	}
 }
 
+// RLock takes the run's lock shared, for a reader that must not see a
+// state transition half done, waiting at most wait (polling, since a
+// reader never queues behind writers). busy is true when someone held the
+// lock exclusively all that time; the caller then reads without it, and
+// says so. Any other failure to lock is not reported: the caller reads as
+// if the run were not locked.
+func (d *Dir) RLock(wait time.Duration) (unlock func(), busy bool) {
+	deadline := time.Now().Add(wait)
+	pause := time.Millisecond
+	for {
+		unlock, err := d.tryLockShared()
+		if err == nil {
+			return unlock, false
+		}
+		if !errors.Is(err, ErrLocked) {
+			return func() {}, false
+		}
+		if time.Now().After(deadline) {
+			return func() {}, true
+		}
+		time.Sleep(pause)
+		if pause < 50*time.Millisecond {
+			pause *= 2
+		}
+	}
+}
+
 // RemoveAll deletes the run directory id and everything in it. The caller
 // decides whether the run may be removed.
 func (r *Root) RemoveAll(id string) error {
@@ -445,8 +492,7 @@ func (r *Root) RemoveAll(id string) error {
 // IsUnsafe reports whether err is a safety refusal.
 func IsUnsafe(err error) bool { return errors.Is(err, ErrUnsafe) }
 
-// ErrLocked is returned by Root.TryLock and Dir.TryLockShared when another
-// process holds the lock.
+// ErrLocked is returned by Root.TryLock when another process holds the lock.
 var ErrLocked = errors.New("locked by another process")
 
 // TryLock takes an exclusive, non-blocking flock on the root-level file

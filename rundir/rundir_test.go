@@ -204,11 +204,11 @@ func TestLockIsTheDirectory(t *testing.T) {
 	}
 	// Held exclusively: another open of the run cannot share it, and the
 	// same Dir's other users wait too.
-	if _, err := other.TryLockShared(); !errors.Is(err, ErrLocked) {
-		t.Fatalf("TryLockShared while locked: %v, want ErrLocked", err)
+	if _, err := other.tryLockShared(); !errors.Is(err, ErrLocked) {
+		t.Fatalf("tryLockShared while locked: %v, want ErrLocked", err)
 	}
-	if _, err := d.TryLockShared(); !errors.Is(err, ErrLocked) {
-		t.Fatalf("TryLockShared on the same Dir while locked: %v, want ErrLocked", err)
+	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
+		t.Fatalf("tryLockShared on the same Dir while locked: %v, want ErrLocked", err)
 	}
 	got := make(chan struct{})
 	go func() {
@@ -232,11 +232,11 @@ func TestLockIsTheDirectory(t *testing.T) {
 		t.Fatal("the second Lock did not get the lock after unlock")
 	}
 	// Shared holds coexist.
-	u1, err := d.TryLockShared()
+	u1, err := d.tryLockShared()
 	if err != nil {
 		t.Fatal(err)
 	}
-	u2, err := other.TryLockShared()
+	u2, err := other.tryLockShared()
 	if err != nil {
 		t.Fatalf("two shared holds: %v", err)
 	}
@@ -267,8 +267,8 @@ func TestLockTakesALegacyLockFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if _, err := d.TryLockShared(); !errors.Is(err, ErrLocked) {
-		t.Fatalf("TryLockShared while the old wrapper holds the lock file: %v, want ErrLocked", err)
+	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
+		t.Fatalf("tryLockShared while the old wrapper holds the lock file: %v, want ErrLocked", err)
 	}
 	got := make(chan struct{})
 	go func() {

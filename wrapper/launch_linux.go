@@ -15,6 +15,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -22,9 +23,9 @@ import (
 
 // Launch failure exit codes, as a shell would return them.
 const (
-	ExitNotFound      = 127
-	ExitNotExecutable = 126
-	ExitLaunchFailed  = 70
+	exitNotFound      = 127
+	exitNotExecutable = 126
+	exitLaunchFailed  = 70
 )
 
 // launch starts the job in a new session and verifies that it has one.
@@ -37,29 +38,29 @@ func (s *supervisor) launch() (int, error) {
 	if err != nil && !errors.Is(err, exec.ErrDot) {
 		switch {
 		case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
-			return ExitNotFound, fmt.Errorf("command not found: %s", argv[0])
+			return exitNotFound, fmt.Errorf("command not found: %s", argv[0])
 		case errors.Is(err, fs.ErrPermission):
-			return ExitNotExecutable, fmt.Errorf("command not executable: %s", argv[0])
+			return exitNotExecutable, fmt.Errorf("command not executable: %s", argv[0])
 		}
-		return ExitNotExecutable, fmt.Errorf("cannot execute %s: %v", argv[0], err)
+		return exitNotExecutable, fmt.Errorf("cannot execute %s: %v", argv[0], err)
 	}
 	stdin := s.cfg.Stdin
 	if stdin == nil {
 		devnull, err := os.Open(os.DevNull)
 		if err != nil {
-			return ExitLaunchFailed, err
+			return exitLaunchFailed, err
 		}
 		defer devnull.Close()
 		stdin = devnull
 	}
 	out, err := s.d.OpenFile(rundir.StdoutFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o600)
 	if err != nil {
-		return ExitLaunchFailed, fmt.Errorf("open stdout.log: %w", err)
+		return exitLaunchFailed, fmt.Errorf("open stdout.log: %w", err)
 	}
 	defer out.Close()
 	errf, err := s.d.OpenFile(rundir.StderrFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o600)
 	if err != nil {
-		return ExitLaunchFailed, fmt.Errorf("open stderr.log: %w", err)
+		return exitLaunchFailed, fmt.Errorf("open stderr.log: %w", err)
 	}
 	defer errf.Close()
 
@@ -81,7 +82,7 @@ func (s *supervisor) launch() (int, error) {
 	if err != nil && cg != nil && cloneIntoCgroupUnsupported(err) {
 		cgroup.Remove(cg.Path)
 		cg, s.cg = nil, nil
-		s.rec.Boundary, s.rec.Cgroup = BoundarySubreaper, ""
+		s.rec.Boundary, s.rec.Cgroup = membership.BoundarySubreaper, ""
 		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
 		pid, err = syscall.ForkExec(path, argv, attr)
 	}
@@ -93,12 +94,12 @@ func (s *supervisor) launch() (int, error) {
 		if errors.As(err, &errno) {
 			switch errno {
 			case unix.ENOENT:
-				return ExitNotFound, fmt.Errorf("command not found: %s: %v", path, err)
+				return exitNotFound, fmt.Errorf("command not found: %s: %v", path, err)
 			case unix.EACCES, unix.ENOEXEC, unix.EISDIR, unix.EPERM:
-				return ExitNotExecutable, fmt.Errorf("command not executable: %s: %v", path, err)
+				return exitNotExecutable, fmt.Errorf("command not executable: %s: %v", path, err)
 			}
 		}
-		return ExitLaunchFailed, fmt.Errorf("start %s: %v", path, err)
+		return exitLaunchFailed, fmt.Errorf("start %s: %v", path, err)
 	}
 	// 4. Verify the session. The job is our unreaped child, so /proc/PID/stat
 	// exists even if it has already exited: the check never races the job.
@@ -113,12 +114,12 @@ func (s *supervisor) launch() (int, error) {
 		if cg != nil {
 			cgroup.Remove(cg.Path)
 		}
-		return ExitLaunchFailed, err
+		return exitLaunchFailed, err
 	}
 	s.leader, s.leaderStart = pid, st.Start
 	if cg != nil {
 		s.cgroup = cg.Path
-		s.rec.Boundary, s.rec.Cgroup = BoundaryCgroup, cg.Path
+		s.rec.Boundary, s.rec.Cgroup = membership.BoundaryCgroup, cg.Path
 	}
 	return 0, nil
 }
@@ -146,7 +147,7 @@ func (s *supervisor) launchFailed(code int, err error) *Result {
 		if err := cgroup.Remove(s.cg.Path); err != nil {
 			s.warn("cannot remove the run's cgroup: %v", err)
 		}
-		s.rec.Boundary, s.rec.Cgroup = BoundarySubreaper, ""
+		s.rec.Boundary, s.rec.Cgroup = membership.BoundarySubreaper, ""
 	}
 	s.rec.State = statusfile.LaunchFailed
 	s.rec.Error = err.Error()

@@ -8,6 +8,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 // wait blocks until the leader exits (returns "") or the run must be
@@ -92,14 +93,24 @@ func (s *supervisor) beginCancel(cause, event string) string {
 	} else {
 		defer unlock()
 	}
-	disk := s.readRecord()
-	if disk != nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
-		s.rec.State, s.rec.Cause = disk.State, disk.Cause
-		return disk.Cause
+	return s.intend(event, cause, journal.Fields{"by": "wrapper", "pid": s.self})
+}
+
+// intend records the intent with stop.Intend; the caller holds the lock.
+// The wrapper stops its job even when the intent cannot be journaled (it is
+// the job's last line of defence), and says so.
+func (s *supervisor) intend(event, cause string, f journal.Fields) string {
+	cause, err := stop.Intend(s.d, &s.rec, event, cause, f, func(*statusfile.Record) error {
+		s.writeRecordLocked(false) // warns itself
+		return nil
+	})
+	if err != nil {
+		s.warn("%v (stopping anyway)", err)
+		if s.rec.State != statusfile.Cancelling {
+			s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
+			s.writeRecordLocked(false)
+		}
 	}
-	s.journal(event, journal.Fields{"cause": cause, "by": "wrapper", "pid": s.self}, true)
-	s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
-	s.replaceRecord(disk, false)
 	return cause
 }
 
@@ -111,30 +122,26 @@ func (s *supervisor) checkLease() (int64, string) {
 	unlock, err := s.d.Lock()
 	if err != nil {
 		s.warn("cannot lock the run: %v (enforcing the lease anyway)", err)
-		return 0, s.expire(s.readRecord(), 0)
+		return 0, s.expire(0)
 	}
 	defer unlock()
-	disk := s.readRecord()
-	if disk != nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
+	disk, err := statusfile.Read(s.d)
+	if err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
 		s.rec.State, s.rec.Cause = disk.State, disk.Cause
 		return 0, disk.Cause
 	}
 	dl, err := lease.ReadDeadline(s.d)
 	if err != nil {
 		s.warn("cannot read deadline_epoch: %v (treating the lease as expired)", err)
-		return 0, s.expire(disk, 0)
+		return 0, s.expire(0)
 	}
 	if time.Now().Before(time.Unix(dl, 0)) {
 		return dl, ""
 	}
-	return 0, s.expire(disk, dl)
+	return 0, s.expire(dl)
 }
 
-// expire records the lease expiry; the caller holds the lock and has just
-// read disk, the record on disk (nil: unreadable).
-func (s *supervisor) expire(disk *statusfile.Record, deadline int64) string {
-	s.journal("deadline_expired", journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self}, true)
-	s.rec.State, s.rec.Cause = statusfile.Cancelling, statusfile.CauseLease
-	s.replaceRecord(disk, false)
-	return statusfile.CauseLease
+// expire records the lease expiry; the caller holds the lock.
+func (s *supervisor) expire(deadline int64) string {
+	return s.intend("deadline_expired", statusfile.CauseLease, journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self})
 }
