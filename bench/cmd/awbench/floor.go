@@ -1,6 +1,7 @@
 package main
 
 import (
+	_ "embed"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -182,3 +183,9 @@ const floorMethods = `- **floor** (issue #17): ` + "`bin/awfloor ROOT ID CMD`" +
   ` + "`agent-wrap version`" + `. The watchdog row at 10,000 runs is the watchdog figure's,
   against the tighter target.
 `
+
+// floorFindings is the hand-written analysis of the floor figures
+// (floor.md): the file work per run before and after, and what it cost.
+//
+//go:embed floor.md
+var floorFindings string

@@ -157,6 +157,7 @@ func (r *runner) report(command string, started time.Time) string {
 	if findings != "" {
 		b.WriteString("\n" + findings)
 	}
+	b.WriteString("\n" + floorFindings)
 	return b.String()
 }
 
