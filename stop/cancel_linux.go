@@ -85,10 +85,13 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		if err != nil && !errors.Is(err, proc.ErrGone) {
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot signal the wrapper %d: %v\n", d.ID, rec.WrapperPID, err)
 		}
-		// A wrapper can live on after its final record (draining its
-		// output to a slow reader): the record is read again after each
-		// wait, which doubles from 1 ms to 100 ms.
-		pause := time.Millisecond
+		// The record is read again after each wait: every millisecond
+		// for the first 100 ms (a stop takes a few; the final record is
+		// written about a millisecond before the wrapper exits), then
+		// doubling to 100 ms, for a wrapper in a long grace or one that
+		// lives on after its final record to drain its output to a slow
+		// reader.
+		pause, fast := time.Millisecond, time.Now().Add(100*time.Millisecond)
 		for time.Now().Before(until) {
 			cur, err := statusfile.Read(d)
 			if err == nil && statusfile.Terminal(cur.State) {
@@ -103,7 +106,9 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 			}
 			if wr != nil {
 				wr.Wait(min(pause, time.Until(until)))
-				pause = min(2*pause, 100*time.Millisecond)
+				if time.Now().After(fast) {
+					pause = min(2*pause, 100*time.Millisecond)
+				}
 			} else {
 				w.Wait(100 * time.Millisecond)
 			}
