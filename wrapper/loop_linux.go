@@ -110,7 +110,7 @@ func (s *supervisor) beginCancel(cause, event string) string {
 // The wrapper stops its job even when the intent cannot be journaled (it is
 // the job's last line of defence), and says so.
 func (s *supervisor) intend(event, cause string, f journal.Fields) string {
-	cause, err := stop.Intend(s.d, &s.rec, event, cause, f, func(*statusfile.Record) error {
+	cause, err := stop.Intend(s.d, &s.rec, event, cause, f, s.appendJournal, func(*statusfile.Record) error {
 		s.writeRecordLocked(false) // warns itself
 		return nil
 	})
