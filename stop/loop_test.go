@@ -37,7 +37,7 @@ func (s *sent) signal(t *testing.T) func(unix.Signal, []membership.Member, bool)
 		s.sigs = append(s.sigs, sig)
 		s.mu.Unlock()
 		for _, m := range ms {
-			if err := proc.Signal(m.Identity, sig); err != nil {
+			if err := stop.Signal(m.Identity, sig); err != nil {
 				t.Logf("signal %v to %d: %v", sig, m.PID, err)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 // Spawn starts argv as a child of the test with attr (nil: in a session of
@@ -54,7 +55,7 @@ func Cgroup(t testing.TB, name string) *cgroup.Group {
 		}
 		t.Skipf("no writable cgroup v2 subtree here: %v", err)
 	}
-	t.Cleanup(func() { g.Close(); cgroup.Kill(g.Path); cgroup.Remove(g.Path) })
+	t.Cleanup(func() { g.Close(); stop.KillCgroup(g.Path); cgroup.Remove(g.Path) })
 	return g
 }
 
