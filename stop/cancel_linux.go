@@ -62,13 +62,13 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		// closing an inotify descriptor costs this short-lived command an
 		// RCU grace period, 5-25 ms; it is the fallback without pidfds.)
 		wid := proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}
-		wr, perr := proc.Pin(wid)
+		wr, perr := pin(wid)
 		var w *rundir.Watcher
 		if perr != nil {
 			w = d.Watch()
 			defer w.Close()
 		} else {
-			defer wr.Close()
+			defer wr.close()
 		}
 		if err := requestCancel(d, o.PID); err != nil {
 			if !errors.Is(err, errNotRecorded) {
@@ -76,12 +76,7 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 			}
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
 		}
-		var err error
-		if wr != nil {
-			err = wr.Signal(unix.SIGTERM)
-		} else {
-			err = proc.Signal(wid, unix.SIGTERM)
-		}
+		err := Signal(wid, unix.SIGTERM)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot signal the wrapper %d: %v\n", d.ID, rec.WrapperPID, err)
 		}
@@ -105,7 +100,7 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 				break // the wrapper died mid-stop: finish the job ourselves
 			}
 			if wr != nil {
-				wr.Wait(min(pause, time.Until(until)))
+				wr.wait(min(pause, time.Until(until)))
 				if time.Now().After(fast) {
 					pause = min(2*pause, 100*time.Millisecond)
 				}
@@ -126,9 +121,9 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 
 // wrapperAlive: the pinned wrapper has not exited, or, without a pin, the
 // record's wrapper is alive.
-func wrapperAlive(wr *proc.Pinned, rec *statusfile.Record) bool {
+func wrapperAlive(wr *pinned, rec *statusfile.Record) bool {
 	if wr != nil {
-		return !wr.Wait(0)
+		return !wr.wait(0)
 	}
 	return membership.WrapperAlive(rec)
 }
@@ -148,7 +143,7 @@ func requestCancel(d *rundir.Dir, pid int) error {
 	if statusfile.Terminal(rec.State) || rec.State == statusfile.Cancelling {
 		return nil
 	}
-	_, err = Intend(d, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, writeRecord(d))
+	_, err = Intend(d, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, nil, writeRecord(d))
 	if errors.Is(err, errNotJournaled) {
 		return fmt.Errorf("%w, so nothing was signalled", err)
 	}

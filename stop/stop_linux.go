@@ -84,7 +84,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	for k, v := range o.Fields {
 		f[k] = v
 	}
-	cause, err := Intend(d, rec, o.Intent, o.Cause, f, writeRecord(d))
+	cause, err := Intend(d, rec, o.Intent, o.Cause, f, nil, writeRecord(d))
 	if errors.Is(err, errNotJournaled) {
 		unlock()
 		return nil, fmt.Errorf("run %s: %w, so nothing was signalled", d.ID, err)
@@ -112,14 +112,14 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		Signal: func(sig unix.Signal, ms []membership.Member, again bool) {
 			if sig == unix.SIGKILL && haveCgroup {
 				o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ms), "by": o.By}, false)
-				if err := cgroup.Kill(rec.Cgroup); err != nil {
+				if err := KillCgroup(rec.Cgroup); err != nil {
 					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
 				}
 			}
 			o.journal(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(ms), "by": o.By}, false)
 			for _, m := range ms {
 				signalled[m.PID] = true
-				if err := proc.Signal(m.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
+				if err := Signal(m.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
 					rep.Rejected = appendNew(rep.Rejected, []string{err.Error() + ": left alone"})
 				}
 			}

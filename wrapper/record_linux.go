@@ -105,20 +105,10 @@ func (s *supervisor) replaceRecord(disk *statusfile.Record, durable bool) {
 	}
 }
 
-// journal appends an event through the run's journal, opened once, at the
-// first event, and kept open until the run ends (closeJournal).
+// journal appends an event to the run's journal; a failure is reported on
+// Diag, and the run goes on.
 func (s *supervisor) journal(event string, f journal.Fields, sync bool) {
-	s.journalMu.Lock()
-	defer s.journalMu.Unlock()
-	if s.jw == nil {
-		w, err := journal.Open(s.d)
-		if err != nil {
-			s.warn("cannot journal %s: %v", event, err)
-			return
-		}
-		s.jw = w
-	}
-	if _, err := s.jw.Append(event, f, sync); err != nil {
+	if err := s.appendJournal(event, f, sync); err != nil {
 		s.warn("cannot journal %s: %v", event, err)
 	}
 }
@@ -154,6 +144,23 @@ func (s *supervisor) writeFirstRecords(deadline int64) {
 	if err := statusfile.Write(s.d, &s.rec, false); err != nil {
 		s.warn("cannot write status.json (state %s): %v", s.rec.State, err)
 	}
+}
+
+// appendJournal is the wrapper's one way to the journal: through the run's
+// events.jsonl, opened at the first event and kept open until the run ends
+// (closeJournal).
+func (s *supervisor) appendJournal(event string, f journal.Fields, sync bool) error {
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	if s.jw == nil {
+		w, err := journal.Open(s.d)
+		if err != nil {
+			return err
+		}
+		s.jw = w
+	}
+	_, err := s.jw.Append(event, f, sync)
+	return err
 }
 
 func (s *supervisor) warn(format string, a ...any) {
