@@ -17,7 +17,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
-// Exit codes shared by every command (see CONTRACT.md). A run's own outcome
+// Exit codes shared by every command (see docs/reference.md). A run's own outcome
 // (the job's code, 128+N, 124, 143, ...) is returned as is.
 const (
 	ExitOK         = 0
