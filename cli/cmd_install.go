@@ -202,7 +202,7 @@ func runInstall(e *Env, args []string) int {
 // bin: a non-interactive ssh command gets sshd's default PATH. This is a
 // prediction from this side; deploy checks over ssh itself.
 func (e *Env) noteReach(bin string) {
-	r := deploy.LocalReach(bin, deploy.SSHDefaultPath(os.Geteuid()))
+	r := deploy.LocalReach(bin, deploy.SSHDefaultPath(os.Geteuid()), e.Getenv("HOME"), e.Getenv("SHELL"))
 	if r.OnPath() {
 		return
 	}

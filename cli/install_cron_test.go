@@ -52,3 +52,47 @@ func TestInstallCronRefusedWithoutCron(t *testing.T) {
 		}
 	}
 }
+
+// Where cron is there (here: a cron daemon and a crontab program on PATH,
+// the crontab a script that keeps what it is given), install --cron --user
+// installs, activates, and, since ~/.local/bin is not on sshd's default
+// PATH, says so with the absolute path to use and the fixes.
+func TestInstallCronUserNotesReach(t *testing.T) {
+	old := deploy.CronDirs
+	deploy.CronDirs = nil
+	t.Cleanup(func() { deploy.CronDirs = old })
+	bin := t.TempDir()
+	kept := filepath.Join(t.TempDir(), "crontab.txt")
+	for name, body := range map[string]string{
+		"cron":    "#!/bin/sh\nexit 0\n",
+		"crontab": "#!/bin/sh\n[ \"$1\" = -l ] && exit 1\ncat >" + kept + "\n",
+	} {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+":/usr/bin:/bin")
+	home := t.TempDir()
+	var out, errb bytes.Buffer
+	e := &Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		return map[string]string{"HOME": home, "AGENT_WRAP_ROOT": filepath.Join(home, "runs"), "SHELL": "/bin/bash"}[k]
+	}}
+	if code := e.Run([]string{"install", "--cron", "--user"}); code != 0 {
+		t.Fatalf("install --cron --user: exit %d\nstdout: %s\nstderr: %s", code, out.String(), errb.String())
+	}
+	installed := filepath.Join(home, ".local/bin/agent-wrap")
+	for _, want := range []string{
+		"installed: " + installed + "\n",
+		"ran: (crontab -l",
+		"note: 'ssh HOST agent-wrap' will not find " + installed,
+		"note: call it by its path: agent-wrap ssh --remote-bin " + installed,
+		`export PATH="$HOME/.local/bin:$PATH"`,
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("install output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if b, err := os.ReadFile(kept); err != nil || !strings.Contains(string(b), installed+" --root "+filepath.Join(home, "runs")+" watchdog --once") {
+		t.Errorf("crontab was given (%v):\n%s", err, b)
+	}
+}

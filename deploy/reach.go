@@ -94,10 +94,11 @@ func ParseReach(bin, out string) Reach {
 	return r
 }
 
-// LocalReach is Reach for this process's user, for `install` itself, with
-// path as the PATH a non-interactive ssh command would get.
-func LocalReach(bin string, path []string) Reach {
-	r := Reach{Bin: bin, Path: path, Home: os.Getenv("HOME"), Shell: os.Getenv("SHELL")}
+// LocalReach is Reach for this process's user (home directory and login
+// shell given), for `install` itself, with path as the PATH a
+// non-interactive ssh command would get.
+func LocalReach(bin string, path []string, home, shell string) Reach {
+	r := Reach{Bin: bin, Path: path, Home: home, Shell: shell}
 	for _, d := range path {
 		if fi, err := os.Stat(d); err == nil && fi.IsDir() && unix.Access(d, unix.W_OK) == nil {
 			r.Writable = append(r.Writable, d)
