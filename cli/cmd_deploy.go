@@ -12,7 +12,7 @@ func init() {
 		summary:  "copy agent-wrap to hosts over ssh and install it there",
 		synopsis: "deploy [SSH FLAGS] [--dist DIR] [--systemd|--cron] [--user] HOST...",
 		help:     deployHelp,
-		exits:    "0 every host installed and answers 'ssh HOST agent-wrap version'; 1 some host failed (each is named on its own line); 64 usage",
+		exits:    "0 every host installed and (unless --dest-root) answers 'ssh HOST agent-wrap version' with it; 1 some host failed, each named on its own line; 64 usage",
 		run:      runDeploy,
 	})
 }
