@@ -64,8 +64,8 @@ func (e *Env) usage(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nevery command takes --root DIR (default $AGENT_WRAP_ROOT, else $HOME/.agent-runs)")
 	fmt.Fprintln(w, "'agent-wrap help COMMAND' or 'agent-wrap COMMAND --help' describes one command.")
-	fmt.Fprintln(w, "\nexit codes every command shares: 64 usage error; 78 unsafe run root;")
-	fmt.Fprintln(w, "125 agent-wrap itself failed before a job could start.")
+	fmt.Fprintln(w, "\nexit codes: 64 usage error and 78 unsafe run root, from every command; 125 from")
+	fmt.Fprintln(w, "run when agent-wrap itself failed before the job could start. docs/reference.md has them all.")
 }
 
 // commandNames returns the registered command names, sorted.
