@@ -104,7 +104,8 @@ func (r *runner) floorCancel(fl, root string) error {
 	awTERM := func() (float64, error) { return r.cancelWith(r.bin, root, false, ph) }
 	awCancel := func() (float64, error) { return r.cancelWith(r.bin, root, true, phCmd) }
 	version := func() (float64, error) { return r.timed(0, nil, r.bin, "version") }
-	floor := func() (float64, error) { return r.floorCancelOnce(fl, root) }
+	phFloor := newPhases("cancel_requested", "final")
+	floor := func() (float64, error) { return r.floorCancelOnce(fl, root, phFloor) }
 	tini := func() (float64, error) { return r.tiniCancelOnce() }
 	s, err := bench.Interleave(1, r.n(30, 7), awTERM, floor, awCancel, version, tini)
 	if err != nil {
@@ -136,7 +137,7 @@ func (r *runner) floorCancel(fl, root string) error {
 		pass: result,
 	})
 	r.detail("floor cancel, TERM to agent-wrap: %s; phases: %s", spread(s[0], bench.Ms), ph.String("TERM", "exit"))
-	r.detail("floor cancel, TERM to awfloor: %s", spread(s[1], bench.Ms))
+	r.detail("floor cancel, TERM to awfloor: %s; phases: %s", spread(s[1], bench.Ms), phFloor.String("TERM", "exit"))
 	r.detail("floor cancel, `agent-wrap cancel`: %s; phases: %s", spread(s[2], bench.Ms), phCmd.String("cancel started", "exit"))
 	r.detail("floor cancel, `agent-wrap version`: %s", spread(s[3], bench.Ms))
 	r.detail("floor cancel, per-round ratios TERM/floor: %s (ratio of the medians %.2f×); cancel/(TERM+version): %s (ratio of the medians %.2f×)",
@@ -146,7 +147,7 @@ func (r *runner) floorCancel(fl, root string) error {
 
 // floorCancelOnce: the cancel tree under awfloor, TERM once it is running,
 // until awfloor exits with its final record.
-func (r *runner) floorCancelOnce(fl, root string) (float64, error) {
+func (r *runner) floorCancelOnce(fl, root string, ph *phases) (float64, error) {
 	id := r.id("fc")
 	w, err := r.start(nil, nil, false, fl, root, id, "sh", "-c", cancelTree)
 	if err != nil {
@@ -174,6 +175,7 @@ func (r *runner) floorCancelOnce(fl, root string) (float64, error) {
 	if rec.State != statusfile.Cancelled || w.code() != 143 {
 		return 0, fmt.Errorf("floor run %s: state %s, exit %d; want cancelled, 143", id, rec.State, w.code())
 	}
+	ph.add(root, id, t0, end)
 	return end.Sub(t0).Seconds(), nil
 }
 
