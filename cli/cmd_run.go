@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
-	"github.com/agent-wrap/agent-wrap/stop"
 	"github.com/agent-wrap/agent-wrap/wrapper"
 )
 
@@ -229,17 +229,6 @@ func (e *Env) refuseNearCommand(id string, near []string, rest []string) int {
 	return ExitUsage
 }
 
-// runDetached is --detach; its implementation lives with the detach support.
-var detachHook func(e *Env, id string, argv []string, rf runFlags) int
-
-func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
-	if detachHook == nil {
-		e.errorf("--detach is not supported by this build")
-		return ExitUsage
-	}
-	return detachHook(e, id, argv, rf)
-}
-
 // existingRun answers a second `run` with an ID already claimed: the command
 // never runs twice. A terminal run returns its recorded code; a live or
 // unknown one exits 75 with what to do instead.
@@ -264,7 +253,7 @@ func (e *Env) existingRun(root *rundir.Root, id string) int {
 			id, strings.ReplaceAll(rec.State, "_", " "), rec.Code(), rec.EndedAt)
 		return rec.Code()
 	}
-	if stop.WrapperAlive(rec) {
+	if membership.WrapperAlive(rec) {
 		e.errorf("run %s is already %s (job PID %d, wrapper PID %d); not running it again", id, rec.State, rec.PID, rec.WrapperPID)
 		e.hint("follow it with 'agent-wrap logs -f %s' or 'agent-wrap wait %s'", id, id)
 		return ExitTempFail

@@ -1,12 +1,10 @@
-// Package proc reads Linux process facts from /proc and signals processes
-// only after checking that they are the ones a run recorded.
+// Package proc reads Linux process facts from /proc; it never signals.
 //
 // A PID read from a file is a claim, not a fact: PIDs are recycled. The
 // identity of a process here is (PID, start time in clock ticks since boot,
-// boot ID). Signal checks that identity through a pidfd where the kernel has
-// pidfd_open (Linux 5.3) and pidfd_send_signal (5.1), so the process checked
-// is the process signalled; elsewhere it falls back to kill(2) right after
-// the check, which leaves the usual small window.
+// boot ID): Identity is what a process must match, and Identity.Check
+// compares a live Stat with it. stop.Signal checks it through a pidfd before
+// it sends anything.
 package proc
 
 import (
@@ -34,9 +32,9 @@ func (s Stat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
 // ErrGone is returned (wrapped) when the process does not exist.
 var ErrGone = errors.New("no such process")
 
-// ErrMismatch is returned (wrapped) when a process exists but is not the
+// errMismatch is returned (wrapped) when a process exists but is not the
 // one recorded: another start time, group or session.
-var ErrMismatch = errors.New("process identity mismatch")
+var errMismatch = errors.New("process identity mismatch")
 
 // Identity is a recorded process: what a signal must match.
 type Identity struct {
@@ -53,15 +51,15 @@ type Identity struct {
 func (id Identity) Check(s Stat) error {
 	switch {
 	case s.PID != id.PID:
-		return fmt.Errorf("pid %d: %w: stat is for pid %d", id.PID, ErrMismatch, s.PID)
+		return fmt.Errorf("pid %d: %w: stat is for pid %d", id.PID, errMismatch, s.PID)
 	case id.Start != 0 && s.Start != id.Start:
-		return fmt.Errorf("pid %d: %w: started at tick %d, recorded %d (PID reused)", id.PID, ErrMismatch, s.Start, id.Start)
+		return fmt.Errorf("pid %d: %w: started at tick %d, recorded %d (PID reused)", id.PID, errMismatch, s.Start, id.Start)
 	case id.PGID != 0 && s.PGID != id.PGID:
-		return fmt.Errorf("pid %d: %w: process group %d, recorded %d", id.PID, ErrMismatch, s.PGID, id.PGID)
+		return fmt.Errorf("pid %d: %w: process group %d, recorded %d", id.PID, errMismatch, s.PGID, id.PGID)
 	case id.SID != 0 && s.SID != id.SID:
-		return fmt.Errorf("pid %d: %w: session %d, recorded %d", id.PID, ErrMismatch, s.SID, id.SID)
+		return fmt.Errorf("pid %d: %w: session %d, recorded %d", id.PID, errMismatch, s.SID, id.SID)
 	case id.MinStart != 0 && s.Start < id.MinStart:
-		return fmt.Errorf("pid %d: %w: started at tick %d, before the run's leader (%d)", id.PID, ErrMismatch, s.Start, id.MinStart)
+		return fmt.Errorf("pid %d: %w: started at tick %d, before the run's leader (%d)", id.PID, errMismatch, s.Start, id.MinStart)
 	}
 	return nil
 }

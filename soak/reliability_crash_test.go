@@ -24,6 +24,8 @@ import (
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
+	"github.com/agent-wrap/agent-wrap/watchdog"
 )
 
 // The phases of a run's life at which its wrapper is SIGKILLed.
@@ -147,8 +149,8 @@ func crashBatch(t *testing.T, b int, runs []*crashRun, rng *rand.Rand, stats map
 	last := time.Now()
 	for _, r := range runs {
 		// A run whose wrapper died before it wrote deadline_epoch is
-		// stopped from created_at + lease + lease.ActAfter.
-		dl := r.started.Add(crashLease*time.Second + lease.ActAfter + time.Second)
+		// stopped from created_at + lease + watchdog.ActAfter.
+		dl := r.started.Add(crashLease*time.Second + watchdog.ActAfter + time.Second)
 		if b, err := os.ReadFile(filepath.Join(root, r.id, rundir.DeadlineFile)); err == nil {
 			if v, err := lease.ParseDeadline(b); err == nil {
 				dl = time.Unix(v, 0)
@@ -342,7 +344,7 @@ func cleanupCrashRun(root string, r *crashRun) {
 		if err1 == nil && err2 == nil {
 			p := filepath.Join(mnt, self, cgroup.Parent, fmt.Sprintf("%s.%d", r.id, r.wrapper))
 			if _, err := os.Stat(p); err == nil {
-				_ = cgroup.Kill(p)
+				_ = stop.KillCgroup(p)
 				runtest.Within(5*time.Second, func() bool { return cgroup.Remove(p) == nil })
 			}
 		}

@@ -4,21 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
-
-// KillWait bounds how long KILL is repeated before the survivors are
-// recorded. KILL cannot be caught; only a process stuck in the kernel
-// outlives it.
-const KillWait = 10 * time.Second
 
 // Options describe a stop performed from outside the wrapper.
 type Options struct {
@@ -43,12 +40,14 @@ type Report struct {
 var ErrRefused = errors.New("refusing to signal")
 
 // Outside performs the ordered stop of a run whose wrapper is gone (or has
-// not acted): under the run's lock the intent is journaled and synced and
-// `cancelling` written, unless a cancel is already recorded (whose cause
-// then stands); then TERM to every validated live process, wait until they
-// are gone or the grace passes, KILL what is left, and under the lock again
-// the final `cancelled` record with the survivors. A record already terminal
-// is returned as it is; nothing is signalled then.
+// not acted): under the run's lock the intent is recorded (Intend), unless a
+// cancel is already recorded (whose cause then stands); then the stop Loop
+// over the run's members as membership judges them from outside, each
+// signalled through a checked pidfd and waited for with PollWake; and under
+// the lock again the final `cancelled` record with the survivors. A record
+// already terminal is returned as it is; nothing is signalled then. A record
+// that fails validation (another boot, an inconsistent group) is refused
+// (ErrRefused), journaled as stop_refused, and nothing is signalled.
 func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if o.Diag == nil {
 		o.Diag = io.Discard
@@ -68,115 +67,87 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		rep.Record, rep.Already = rec, true
 		return rep, nil
 	}
-	err = Check(rec)
-	if errors.Is(err, ErrNoGroup) && adoptStarting(d, rec) {
-		err = Check(rec)
+	err = membership.Check(rec)
+	if errors.Is(err, membership.ErrNoGroup) && adoptStarting(d, rec, o) {
+		err = membership.Check(rec)
 	}
-	if errors.Is(err, ErrNoGroup) && rec.State == statusfile.Starting && d.Exists(rundir.StdoutFile) {
+	if errors.Is(err, membership.ErrNoGroup) && rec.State == statusfile.Starting && d.Exists(rundir.StdoutFile) {
 		// The wrapper got as far as opening the job's logs, so the job may
 		// have been started, but nothing says which process it is: a
 		// `cancelled` record now could be a lie. Leave it unknown.
 		err = errors.New("its wrapper died while starting the job, after opening its logs and before recording its PID: whether the job runs cannot be told, so the run is not recorded as stopped")
 	}
-	if err != nil && !errors.Is(err, ErrNoGroup) {
-		journal.Append(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
+	if err != nil && !errors.Is(err, membership.ErrNoGroup) {
+		o.journal(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
 		unlock()
 		return nil, fmt.Errorf("run %s: %w: %v", d.ID, ErrRefused, err)
 	}
-	if rec.State != statusfile.Cancelling || rec.Cause == "" {
-		f := journal.Fields{"cause": o.Cause, "by": o.By}
-		for k, v := range o.Fields {
-			f[k] = v
-		}
-		if _, err := journal.Append(d, o.Intent, f, true); err != nil {
-			// The intent must be on disk before any signal.
-			unlock()
-			return nil, fmt.Errorf("run %s: cannot journal the intent, so nothing was signalled: %w", d.ID, err)
-		}
-		rec.State, rec.Cause = statusfile.Cancelling, o.Cause
-		if err := statusfile.Write(d, rec, false); err != nil {
-			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot write status.json: %v (stopping anyway: the intent is journaled)\n", d.ID, err)
-		}
+	f := journal.Fields{"by": o.By}
+	for k, v := range o.Fields {
+		f[k] = v
 	}
-	cause := rec.Cause
+	cause, err := Intend(d, rec, o.Intent, o.Cause, f, nil, writeRecord(d))
+	if errors.Is(err, errNotJournaled) {
+		unlock()
+		return nil, fmt.Errorf("run %s: %w, so nothing was signalled", d.ID, err)
+	}
+	if err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v (stopping anyway)\n", d.ID, err)
+	}
 	unlock()
-
-	type sent struct {
-		pid int
-		sig unix.Signal
-	}
-	signalled := map[sent]bool{}
-	if rec.PGID > 1 {
-		send := func(sig unix.Signal, deadline time.Time) []Target {
-			for {
-				ts, rejected, err := Live(rec)
-				if err != nil {
-					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot read /proc: %v\n", d.ID, err)
-					return nil
-				}
-				rep.Rejected = appendNew(rep.Rejected, rejected)
-				if len(ts) == 0 {
-					return nil
-				}
-				var fresh []Target
-				for _, t := range ts {
-					if !signalled[sent{t.PID, sig}] {
-						fresh = append(fresh, t)
-					}
-				}
-				if sig == unix.SIGKILL && rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
-					journal.Append(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": PIDs(ts), "by": o.By}, false)
-					if err := cgroup.Kill(rec.Cgroup); err != nil {
-						fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
-					}
-				}
-				if len(fresh) > 0 {
-					journal.Append(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": PIDs(fresh), "by": o.By}, false)
-					for _, t := range fresh {
-						signalled[sent{t.PID, sig}] = true
-						if err := proc.Signal(t.Identity(rec), sig); err != nil && !errors.Is(err, proc.ErrGone) {
-							rep.Rejected = appendNew(rep.Rejected, []string{err.Error() + ": left alone"})
-						}
-					}
-				}
-				if time.Now().After(deadline) {
-					return ts
-				}
-				time.Sleep(backoff(deadline))
-			}
-		}
-		left := send(unix.SIGTERM, time.Now().Add(o.Grace))
-		if len(left) > 0 {
-			left = send(unix.SIGKILL, time.Now().Add(KillWait))
-		}
-		for k := range signalled {
-			rep.Signalled = appendInt(rep.Signalled, k.pid)
-		}
-		if len(rep.Rejected) > 0 {
-			journal.Append(d, "signal_refused", journal.Fields{"by": o.By, "reasons": rep.Rejected}, false)
-		}
-		rep.Record = rec
-		survivors := PIDs(left)
-		if rec.Cgroup != "" && len(survivors) == 0 && cgroup.Valid(rec.Cgroup) {
-			cgroup.Remove(rec.Cgroup)
-		}
-		return finalize(d, rep, cause, survivors, o)
-	}
 	rep.Record = rec
-	return finalize(d, rep, cause, nil, o)
+	if rec.PGID <= 1 {
+		return finalize(d, rep, cause, nil, o)
+	}
+	signalled := map[int]bool{}
+	outside := membership.Run{Record: rec}
+	haveCgroup := rec.Cgroup != "" && cgroup.Valid(rec.Cgroup)
+	loop := Loop{
+		Members: func() []membership.Member {
+			ms, rejected, err := outside.Members()
+			if err != nil {
+				fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot read /proc: %v\n", d.ID, err)
+			}
+			rep.Rejected = appendNew(rep.Rejected, rejected)
+			return ms
+		},
+		Signal: func(sig unix.Signal, ms []membership.Member, again bool) {
+			if sig == unix.SIGKILL && haveCgroup {
+				o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ms), "by": o.By}, false)
+				if err := KillCgroup(rec.Cgroup); err != nil {
+					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
+				}
+			}
+			o.journal(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(ms), "by": o.By}, false)
+			for _, m := range ms {
+				signalled[m.PID] = true
+				if err := Signal(m.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
+					rep.Rejected = appendNew(rep.Rejected, []string{err.Error() + ": left alone"})
+				}
+			}
+		},
+		Wake: PollWake,
+	}
+	_, survivors := loop.Run(o.Grace)
+	for pid := range signalled {
+		rep.Signalled = append(rep.Signalled, pid)
+	}
+	sort.Ints(rep.Signalled)
+	if len(rep.Rejected) > 0 {
+		o.journal(d, "signal_refused", journal.Fields{"by": o.By, "reasons": rep.Rejected}, false)
+	}
+	if rec.Cgroup != "" && len(survivors) == 0 && cgroup.Valid(rec.Cgroup) {
+		cgroup.Remove(rec.Cgroup)
+	}
+	return finalize(d, rep, cause, survivors, o)
 }
 
-// backoff is the poll interval while waiting for processes we are not the
-// parent of: no SIGCHLD reaches us, so /proc is read again, 10 ms at first.
-func backoff(deadline time.Time) time.Duration {
-	d := time.Until(deadline)
-	if d > 20*time.Millisecond {
-		return 20 * time.Millisecond
+// journal appends an event; a failure is reported on Diag, as the wrapper
+// reports its own.
+func (o Options) journal(d *rundir.Dir, event string, f journal.Fields, sync bool) {
+	if _, err := journal.Append(d, event, f, sync); err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot journal %s: %v\n", d.ID, event, err)
 	}
-	if d < time.Millisecond {
-		return time.Millisecond
-	}
-	return d
 }
 
 func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Options) (*Report, error) {
@@ -203,7 +174,7 @@ func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Optio
 	if err := statusfile.Write(d, rec, true); err != nil {
 		return rep, fmt.Errorf("run %s: stopped, but cannot write the final record: %w", d.ID, err)
 	}
-	journal.Append(d, "final", journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}, true)
+	o.journal(d, "final", journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}, true)
 	rep.Record = rec
 	return rep, nil
 }
@@ -222,13 +193,4 @@ func appendNew(dst, src []string) []string {
 		}
 	}
 	return dst
-}
-
-func appendInt(dst []int, v int) []int {
-	for _, x := range dst {
-		if x == v {
-			return dst
-		}
-	}
-	return append(dst, v)
 }
