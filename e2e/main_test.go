@@ -43,6 +43,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/relay"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 )
 
@@ -58,6 +59,7 @@ var haveCommands = map[string]bool{}
 const waitLong = 30 * time.Second
 
 func TestMain(m *testing.M) {
+	relay.Connector() // the test binary as ssh's ProxyCommand (ssh_test.go)
 	os.Exit(testMain(m))
 }
 

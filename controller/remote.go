@@ -1,0 +1,233 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Quote returns words as one POSIX shell line in which each word arrives
+// as exactly one argument, byte for byte: single quotes around anything but
+// a plain word, a quote inside written '\”. Newlines, empty words, leading
+// dashes and bytes that are not UTF-8 pass unchanged.
+func Quote(words ...string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		if w != "" && strings.Trim(w, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
+			q[i] = w
+			continue
+		}
+		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
+// SplitCommand splits an --rsh value into words as a POSIX shell would
+// (blanks separate words; single quotes, double quotes and backslashes
+// quote), without expanding anything.
+func SplitCommand(s string) ([]string, error) {
+	var words []string
+	var cur strings.Builder
+	inWord := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == ' ' || c == '\t' || c == '\n':
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		case c == '\'':
+			j := strings.IndexByte(s[i+1:], '\'')
+			if j < 0 {
+				return nil, errors.New("unterminated single quote")
+			}
+			cur.WriteString(s[i+1 : i+1+j])
+			i += j + 1
+			inWord = true
+		case c == '"':
+			i++
+			for ; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' && i+1 < len(s) && strings.IndexByte("$`\"\\\n", s[i+1]) >= 0 {
+					i++
+				}
+				cur.WriteByte(s[i])
+			}
+			if i >= len(s) {
+				return nil, errors.New("unterminated double quote")
+			}
+			inWord = true
+		case c == '\\':
+			if i+1 < len(s) {
+				i++
+				cur.WriteByte(s[i])
+			}
+			inWord = true
+		default:
+			cur.WriteByte(c)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	if len(words) == 0 {
+		return nil, errors.New("empty command")
+	}
+	return words, nil
+}
+
+// isSSH reports whether the rsh is OpenSSH's client, to which the
+// controller adds options of its own (keepalives, -E).
+func isSSH(rsh []string) bool { return filepath.Base(rsh[0]) == "ssh" }
+
+// keepaliveOpts returns the ServerAlive options to add to every call:
+// none when the user set ServerAliveInterval, on the --rsh line or in
+// their ssh configuration (as `ssh -G DEST` reports it, which makes no
+// connection).
+func keepaliveOpts(rsh []string, dest string) []string {
+	if !isSSH(rsh) {
+		return nil
+	}
+	for _, w := range rsh {
+		if strings.Contains(strings.ToLower(w), "serveraliveinterval") {
+			return nil
+		}
+	}
+	args := append(append([]string{}, rsh[1:]...), "-G", "--", dest)
+	out, err := exec.Command(rsh[0], args...).Output()
+	if err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "serveraliveinterval" && f[1] != "0" {
+				return nil
+			}
+		}
+	}
+	return []string{"-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"}
+}
+
+// host is how to reach one destination's agent-wrap.
+type host struct {
+	rsh       []string // the --rsh words
+	dest      string
+	bin       string // the remote agent-wrap
+	root      string // the remote --root, or ""
+	keepalive []string
+	tmpdir    string // where ssh's -E logs go
+}
+
+// newHost checks rsh and prepares the calls' options and log directory.
+// close removes the log directory.
+func newHost(rsh []string, dest, bin, root string) (*host, error) {
+	if len(rsh) == 0 {
+		return nil, errors.New("empty --rsh")
+	}
+	dir, err := os.MkdirTemp("", "agent-wrap-ssh-")
+	if err != nil {
+		return nil, err
+	}
+	return &host{rsh: rsh, dest: dest, bin: bin, root: root, keepalive: keepaliveOpts(rsh, dest), tmpdir: dir}, nil
+}
+
+func (h *host) close() { os.RemoveAll(h.tmpdir) }
+
+// callResult is how one remote call ended.
+type callResult struct {
+	code   int    // the remote command's exit status; 255 when ssh failed; -1 when killed
+	sshLog string // what ssh itself said (its -E log), trimmed
+	err    error  // the client could not be started
+}
+
+// lost reports whether the call failed as a connection: ssh's 255, or the
+// client killed.
+func (c callResult) lost() bool { return c.code == 255 || c.code == -1 || c.err != nil }
+
+// why says, for a lost call, what ssh said.
+func (c callResult) why() string {
+	switch {
+	case c.err != nil:
+		return c.err.Error()
+	case c.sshLog != "":
+		return c.sshLog
+	case c.code == -1:
+		return "the ssh client was killed"
+	}
+	return fmt.Sprintf("ssh exited %d", c.code)
+}
+
+var callSeq atomic.Int64
+
+// call runs `RSH [opts] DEST LINE` and waits. stdout and stderr receive the
+// remote command's streams; ssh's own messages go to a log file (OpenSSH's
+// -E) and come back in the result, so they are never mistaken for the job's
+// stderr. The client runs in a process group of its own, so a terminal's ^C
+// reaches the controller, not its connections; ctx ending kills that group
+// (ssh and its ProxyCommand).
+func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
+	args := append([]string{}, h.rsh[1:]...)
+	args = append(args, h.keepalive...)
+	var logPath string
+	if isSSH(h.rsh) {
+		logPath = filepath.Join(h.tmpdir, fmt.Sprintf("ssh-%d.log", callSeq.Add(1)))
+		args = append(args, "-E", logPath, "--")
+	}
+	args = append(args, h.dest, line)
+	cmd := exec.Command(h.rsh[0], args...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return callResult{code: 255, err: err}
+	}
+	pid := cmd.Process.Pid
+	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	err := cmd.Wait()
+	stop()
+	res := callResult{}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		res.code = ee.ExitCode()
+	default:
+		res.code, res.err = 255, err
+	}
+	if logPath != "" {
+		if b, err := os.ReadFile(logPath); err == nil {
+			res.sshLog = strings.TrimSpace(string(b))
+			if i := strings.LastIndexByte(res.sshLog, '\n'); i >= 0 {
+				res.sshLog = res.sshLog[i+1:]
+			}
+		}
+		os.Remove(logPath)
+	}
+	return res
+}
+
+// callTimeout is call bounded by d.
+func (h *host) callTimeout(ctx context.Context, d time.Duration, line string, stdout, stderr io.Writer) callResult {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return h.call(ctx, line, stdout, stderr)
+}
+
+// remote returns the quoted line `BIN [--root ROOT] words...`.
+func (h *host) remote(words ...string) string {
+	return Quote(h.base(words...)...)
+}
+
+func (h *host) base(words ...string) []string {
+	w := []string{h.bin}
+	if h.root != "" {
+		w = append(w, "--root", h.root)
+	}
+	return append(w, words...)
+}
