@@ -430,6 +430,9 @@ func (r *Run) withGiveUp(ctx context.Context) (context.Context, context.CancelFu
 
 // detached records a lost connection, once per loss.
 func (r *Run) detached(why string) {
+	if r.gaveUp() {
+		return // the give-up killed the call; Follow says so next
+	}
 	if r.state() != ledger.Detached {
 		r.cfg.Notice(fmt.Sprintf("run %s: connection to %s lost (%s); reattaching", r.cfg.ID, r.cfg.Dest, why))
 	}
@@ -585,6 +588,9 @@ func (r *Run) unknown(reason string) int {
 // giveUp leaves the run unsettled for settle and returns 255.
 func (r *Run) giveUp() int {
 	reason := fmt.Sprintf("no renewal succeeded for %v (--give-up); the lease has ended the run on the host", r.cfg.GiveUp)
+	if !r.isLaunched() {
+		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); the run was never seen to start", r.cfg.Dest, r.cfg.GiveUp)
+	}
 	r.update(func(l *ledger.Record) {
 		if l.State != ledger.Launching {
 			l.State = ledger.Detached

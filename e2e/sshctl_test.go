@@ -108,6 +108,13 @@ func (k *ctl) wait(t *testing.T) int {
 	case <-time.After(2 * waitLong):
 		t.Fatalf("controller still running after %v\nstdout: %s\nstderr: %s", 2*waitLong, tail(k.stdout()), k.stderr())
 	}
+	var words []string
+	for _, l := range strings.Split(k.stderr(), "\n") {
+		if strings.HasPrefix(l, "agent-wrap: ") {
+			words = append(words, l)
+		}
+	}
+	t.Logf("controller exit %d; its own words:\n%s", exitCode(k.err), strings.Join(words, "\n"))
 	return exitCode(k.err)
 }
 

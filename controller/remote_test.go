@@ -1,0 +1,59 @@
+package controller
+
+import (
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// hostile is the argv a remote call must deliver exactly.
+var hostile = []string{"two words", `it's "quoted"`, "$HOME", "a;b", `back\slash`, "line\nbreak", "", "-n", "--", "\xff\xfe\x80", "*", "`id`", "'", "\t"}
+
+// TestQuoteThroughShell hands Quote's line to a real POSIX shell, as sshd
+// hands it to the login shell, and checks each word arrives byte for byte.
+func TestQuoteThroughShell(t *testing.T) {
+	for _, shell := range []string{"/bin/sh", "/bin/bash"} {
+		line := Quote(append([]string{"printf", `%s\000`}, hostile...)...)
+		out, err := exec.Command(shell, "-c", line).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", shell, err)
+		}
+		got := strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
+		if !reflect.DeepEqual(got, hostile) {
+			t.Errorf("%s: got %q, want %q", shell, got, hostile)
+		}
+	}
+}
+
+func TestSplitCommand(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"ssh", []string{"ssh"}},
+		{"  ssh  -p 2222 ", []string{"ssh", "-p", "2222"}},
+		{`ssh -o 'ProxyCommand=nc %h %p'`, []string{"ssh", "-o", "ProxyCommand=nc %h %p"}},
+		{`ssh -o "A=b c" -i\ x`, []string{"ssh", "-o", "A=b c", "-i x"}},
+		{`ssh ""`, []string{"ssh", ""}},
+		{`a"b\"c"d`, []string{`ab"cd`}},
+	} {
+		got, err := SplitCommand(tc.in)
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("SplitCommand(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "   ", "ssh 'x", `ssh "x`} {
+		if _, err := SplitCommand(bad); err == nil {
+			t.Errorf("SplitCommand(%q): no error", bad)
+		}
+	}
+}
+
+func TestUnambiguous(t *testing.T) {
+	for code, want := range map[int]bool{0: true, 2: true, 7: true, 137: true, 1: false, 66: false, 75: false, 124: false, 127: false, 143: false, 130: false} {
+		if unambiguous(code) != want {
+			t.Errorf("unambiguous(%d) = %v", code, !want)
+		}
+	}
+}
