@@ -33,5 +33,5 @@ func Example() {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() { <-sigs; run.Cancel() }()
 	code := run.Follow(context.Background()) // the run's code, or 255: unknown
-	_ = code // exit with it, as ssh would
+	_ = code                                 // exit with it, as ssh would
 }
