@@ -47,6 +47,10 @@ type Config struct {
 	Notice func(string)
 }
 
+// exitCancelledBeforeLaunch is Follow's code for a run cancelled before
+// the host ever claimed it (ledger: not_started): 143, as a cancelled run.
+const exitCancelledBeforeLaunch = 143
+
 // Backoff bounds between reattach attempts: 0.2 s doubling to 5 s.
 const (
 	backoffMin = 200 * time.Millisecond
@@ -72,6 +76,8 @@ type Run struct {
 	cancelOnce  sync.Once
 	cancelled   chan struct{} // closed once the host confirmed the cancel
 	renewFailed atomic.Bool   // a renewal was refused: the run is ending
+	reattaching atomic.Value  // string "N,M": a reattach from these offsets is not yet known to be up
+	renewNow    chan struct{} // a renewal wanted before the next tick
 }
 
 // ID returns the run ID.
@@ -140,6 +146,7 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		launched:  make(chan struct{}),
 		cancelCh:  make(chan struct{}),
 		cancelled: make(chan struct{}),
+		renewNow:  make(chan struct{}, 1),
 	}
 	lease := cfg.Lease.Seconds()
 	if cfg.Lease < 0 {
@@ -159,6 +166,8 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		h.close()
 		return nil, err
 	}
+	r.out.onWrite, r.errw.onWrite = r.attached, r.attached
+	r.reattaching.Store("")
 	r.lastRenew.Store(time.Now().UnixNano())
 	r.ev.emit(EvLaunching, map[string]any{"dest": cfg.Dest, "command": argv, "lease_seconds": lease})
 	return r, nil
@@ -244,6 +253,9 @@ func (r *Run) Follow(ctx context.Context) int {
 					r.detached(res.why())
 					b.wait(ctx, r)
 					continue
+				case res.code == 66 && r.cancelRequested():
+					r.settle(ledger.NotStarted, -1, "", "cancelled before the launch reached the host")
+					return exitCancelledBeforeLaunch
 				case res.code == 66:
 					probe = false // never claimed: launch again (the claim is atomic)
 				case v != nil:
@@ -253,10 +265,12 @@ func (r *Run) Follow(ctx context.Context) int {
 					return r.launchFailed(ctx, res.code, "")
 				}
 			}
-			res, rec, said := r.launch(ctx)
-			if rec != nil {
-				r.running(rec)
+			if r.cancelRequested() && !probe {
+				// Cancelled before any launch could have reached the host.
+				r.settle(ledger.NotStarted, -1, "", "cancelled before the launch")
+				return exitCancelledBeforeLaunch
 			}
+			res, rec, said := r.launch(ctx)
 			switch {
 			case rec == nil && res.lost():
 				probe = true
@@ -367,6 +381,7 @@ func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer) *launchRecord {
 			if n, _ := io.ReadFull(rest, nl[:]); n == 1 && nl[0] != '\n' {
 				r.out.Write(nl[:])
 			}
+			r.running(&rec)
 			r.markLaunched()
 			io.Copy(r.out, rest)
 			return &rec
@@ -393,17 +408,46 @@ func (r *Run) running(rec *launchRecord) {
 // attach runs `attach --from N,M` from the byte counts delivered so far.
 func (r *Run) attach(ctx context.Context) callResult {
 	from := fmt.Sprintf("%d,%d", r.out.n.Load(), r.errw.n.Load())
-	wasDetached := r.state() == ledger.Detached
-	if wasDetached {
-		r.ev.emit(EvAttached, map[string]any{"from": from})
+	if r.state() == ledger.Detached {
+		r.reattaching.Store(from)
+		// Renew at once: the lease may have lost renewals while detached,
+		// and a renewal that succeeds confirms the host is back.
+		select {
+		case r.renewNow <- struct{}{}:
+		default:
+		}
 	}
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
 	res := r.h.call(ctx, r.h.remote("attach", "--from", from, r.cfg.ID), r.out, r.errw)
-	if r.cfg.Lease < 0 && !res.lost() {
-		r.lastRenew.Store(time.Now().UnixNano())
+	if !res.lost() {
+		r.attached()
+		if r.cfg.Lease < 0 {
+			r.lastRenew.Store(time.Now().UnixNano())
+		}
 	}
+	r.reattaching.Store("")
 	return res
+}
+
+// attached records that a reattach is up: its first byte arrived, a
+// renewal succeeded while it ran, or it ended with the run's code. The
+// ledger is running again and the event is attached, once per reattach.
+func (r *Run) attached() {
+	from, _ := r.reattaching.Swap("").(string)
+	if from == "" {
+		return
+	}
+	r.update(func(l *ledger.Record) {
+		if l.State == ledger.Detached {
+			l.State = ledger.Running
+			if l.CancelRequested {
+				l.State = ledger.CancelRequested
+			}
+			l.Reason = ""
+		}
+	})
+	r.ev.emit(EvAttached, map[string]any{"from": from})
 }
 
 // withGiveUp returns ctx that also ends when --give-up passes, whatever
@@ -620,6 +664,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.renewNow:
 		}
 		var out, errb bytes.Buffer
 		res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote("renew", r.cfg.ID), &out, &errb)
@@ -629,6 +674,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 		case res.code == 0:
 			r.lastRenew.Store(time.Now().UnixNano())
 			r.ev.emit(EvRenewed, nil)
+			r.attached()
 		case res.lost():
 			r.ev.emit(EvRenewFailed, map[string]any{"reason": "unreachable", "error": res.why()})
 		default:
@@ -696,15 +742,19 @@ func (b *backoff) wait(ctx context.Context, r *Run) {
 // controller's own stdout closed) counts the bytes as delivered and drops
 // them: the run is not disturbed because its reader went away.
 type countingWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-	n  atomic.Int64
+	mu      sync.Mutex
+	w       io.Writer
+	n       atomic.Int64
+	onWrite func() // called after each write, outside the lock
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	_, _ = c.w.Write(p)
 	c.n.Add(int64(len(p)))
+	c.mu.Unlock()
+	if c.onWrite != nil && len(p) > 0 {
+		c.onWrite()
+	}
 	return len(p), nil
 }

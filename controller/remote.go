@@ -221,7 +221,13 @@ func (h *host) callTimeout(ctx context.Context, d time.Duration, line string, st
 
 // remote returns the quoted line `BIN [--root ROOT] words...`.
 func (h *host) remote(words ...string) string {
-	return Quote(h.base(words...)...)
+	w := h.base(words...)
+	// A remote binary under the login's home (~/bin/agent-wrap) keeps its
+	// tilde unquoted, so the remote shell expands it.
+	if rest, ok := strings.CutPrefix(w[0], "~/"); ok {
+		return "~/" + Quote(append([]string{rest}, w[1:]...)...)
+	}
+	return Quote(w...)
 }
 
 func (h *host) base(words ...string) []string {

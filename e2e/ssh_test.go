@@ -85,6 +85,9 @@ func TestSSH2InterruptCancels(t *testing.T) {
 	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("int")
 	waitMembers(t, r.PGID, 3)
+	if l := c.ledgerRec("int"); l.State != ledger.Running || l.RemotePID != r.PID || l.BootID == "" {
+		t.Errorf("ledger while the job runs: state %s remote_pid %d boot_id %q; want running, %d", l.State, l.RemotePID, l.BootID, r.PID)
+	}
 	k.signal(t, syscall.SIGINT)
 	if code := k.wait(t); code != 143 {
 		t.Errorf("controller exit %d, want 143 (the run's)\nstderr: %s", code, k.stderr())
