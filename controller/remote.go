@@ -122,7 +122,8 @@ type host struct {
 	bin       string // the remote agent-wrap
 	root      string // the remote --root, or ""
 	keepalive []string
-	tmpdir    string // where ssh's -E logs go
+	probed    chan struct{} // closed once keepalive is known
+	tmpdir    string        // where ssh's -E logs go
 }
 
 // newHost checks rsh and prepares the calls' options and log directory.
@@ -135,7 +136,20 @@ func newHost(rsh []string, dest, bin, root string) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &host{rsh: rsh, dest: dest, bin: bin, root: root, keepalive: keepaliveOpts(rsh, dest), tmpdir: dir}, nil
+	h := &host{rsh: rsh, dest: dest, bin: bin, root: root, tmpdir: dir, probed: make(chan struct{})}
+	// `ssh -G` is a process start: run it while the caller writes its
+	// ledger record; the first call waits for it.
+	go func() {
+		h.keepalive = keepaliveOpts(rsh, dest)
+		close(h.probed)
+	}()
+	return h, nil
+}
+
+// noKeepalive drops the keepalive options (one short call needs none).
+func (h *host) noKeepalive() {
+	<-h.probed
+	h.keepalive = nil
 }
 
 func (h *host) close() { os.RemoveAll(h.tmpdir) }
@@ -173,6 +187,7 @@ var callSeq atomic.Int64
 // reaches the controller, not its connections; ctx ending kills that group
 // (ssh and its ProxyCommand).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
+	<-h.probed
 	args := append([]string{}, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	var logPath string

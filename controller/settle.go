@@ -53,7 +53,7 @@ func Settle(ctx context.Context, l *ledger.Ledger, id string) (*ledger.Record, i
 		return rec, SettleUnreachable, err
 	}
 	defer h.close()
-	h.keepalive = nil // one short call: ssh's own timeouts do
+	h.noKeepalive() // one short call: ssh's own timeouts do
 	v, res := askVerdict(ctx, h, id, time.Duration(rec.Grace*float64(time.Second))+60*time.Second)
 	outcome, reason, cause, code := "", "", "", -1
 	switch {
