@@ -74,6 +74,14 @@ func TestUnsafe(t *testing.T) {
 	if _, err := Open(dir, true); !errors.Is(err, rundir.ErrUnsafe) {
 		t.Errorf("world-writable ledger: %v, want ErrUnsafe", err)
 	}
+	if os.Geteuid() == 0 {
+		theirs := filepath.Join(t.TempDir(), "theirs")
+		os.Mkdir(theirs, 0o700)
+		os.Chown(theirs, 65534, 65534)
+		if _, err := Open(theirs, false); !errors.Is(err, rundir.ErrUnsafe) {
+			t.Errorf("a ledger owned by someone else: %v, want ErrUnsafe", err)
+		}
+	}
 	l := open(t)
 	os.Symlink("/etc/passwd", filepath.Join(l.Path, "sym.json"))
 	if _, err := l.Read("sym"); !errors.Is(err, rundir.ErrUnsafe) {
