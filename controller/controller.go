@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,7 @@ type Run struct {
 	renewFailed atomic.Bool   // a renewal was refused: the run is ending
 	reattaching atomic.Value  // string "N,M": a reattach from these offsets is not yet known to be up
 	renewNow    chan struct{} // a renewal wanted before the next tick
+	cancelFinal atomic.Pointer[finalWord]
 }
 
 // ID returns the run ID.
@@ -507,6 +509,23 @@ func (r *Run) finish(ctx context.Context, code int) (int, bool) {
 		r.settle(ledger.Completed, code, "", "")
 		return code, true
 	}
+	if r.cancelRequested() {
+		// The cancel's confirmation names the final state and cause; it
+		// comes with the attach's end. Without it, ask reconcile.
+		select {
+		case <-r.cancelled:
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+		if f := r.cancelFinal.Load(); f != nil && f.code == code {
+			outcome := ledger.Completed
+			if f.state == "cancelled" {
+				outcome = ledger.Cancelled
+			}
+			r.settle(outcome, code, f.cause, "")
+			return code, true
+		}
+	}
 	// Ask the host what the code means: the record's state and cause.
 	b := backoff{}
 	for {
@@ -706,8 +725,12 @@ func (r *Run) cancelLoop(ctx context.Context) {
 		var out, errb bytes.Buffer
 		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote("cancel", "--wait", wait.String(), r.cfg.ID), &out, &errb)
 		if res.code == 0 {
+			line := strings.TrimSpace(out.String())
+			if f, ok := parseFinal(r.cfg.ID, line); ok {
+				r.cancelFinal.Store(&f)
+			}
 			close(r.cancelled)
-			r.ev.emit(EvCancelConfirmed, map[string]any{"record": strings.TrimSpace(out.String())})
+			r.ev.emit(EvCancelConfirmed, map[string]any{"record": line})
 			return
 		}
 		if res.code == 66 {
@@ -757,4 +780,46 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 		c.onWrite()
 	}
 	return len(p), nil
+}
+
+// finalWord is a confirmed final record as `cancel` prints it.
+type finalWord struct {
+	state, cause string
+	code         int
+}
+
+// parseFinal reads cancel's confirmation, "ID: [already ]STATE[ (cause
+// CAUSE)], exit code N, survivors []". Only a terminal state with no
+// survivors is taken; anything else is left to reconcile.
+func parseFinal(id, line string) (finalWord, bool) {
+	var f finalWord
+	rest, ok := strings.CutPrefix(line, id+": ")
+	if !ok {
+		return f, false
+	}
+	rest = strings.TrimPrefix(rest, "already ")
+	head, tail, ok := strings.Cut(rest, ", exit code ")
+	if !ok {
+		return f, false
+	}
+	num, surv, ok := strings.Cut(tail, ", survivors ")
+	if !ok || surv != "[]" {
+		return f, false
+	}
+	code, err := strconv.Atoi(num)
+	if err != nil {
+		return f, false
+	}
+	state, cause, hasCause := strings.Cut(head, " (cause ")
+	if hasCause {
+		if cause, ok = strings.CutSuffix(cause, ")"); !ok {
+			return f, false
+		}
+	}
+	switch state {
+	case "finished", "cancelled", "launch_failed":
+	default:
+		return f, false
+	}
+	return finalWord{state: state, cause: cause, code: code}, true
 }
