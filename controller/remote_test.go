@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -75,6 +77,39 @@ func TestParseFinal(t *testing.T) {
 		got, ok := parseFinal("r1", tc.line)
 		if ok != tc.ok || got != tc.want {
 			t.Errorf("parseFinal(%q) = %+v, %v; want %+v, %v", tc.line, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestConfigMentions(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	os.Mkdir(filepath.Join(dir, "conf.d"), 0o700)
+	write("conf.d/a.conf", "Host x\n  ServerAliveInterval 30\n")
+	plain := write("plain", "Host *\n  User me\n")
+	direct := write("direct", "Host *\n  serveraliveinterval=5\n")
+	incl := write("incl", "Include "+filepath.Join(dir, "conf.d", "*.conf")+"\n")
+	token := write("token", "Include ~/.ssh/%h.conf\n")
+	for _, tc := range []struct {
+		rsh  []string
+		want int
+	}{
+		{[]string{"ssh", "-F", plain}, notMentioned},
+		{[]string{"ssh", "-F", direct}, mentioned},
+		{[]string{"ssh", "-F" + incl}, mentioned},
+		{[]string{"ssh", "-F", token}, cannotTell},
+		{[]string{"ssh", "-F", "/dev/null"}, notMentioned},
+		{[]string{"ssh", "-F", filepath.Join(dir, "missing")}, notMentioned},
+		{[]string{"ssh", "-qF", plain}, cannotTell},
+	} {
+		if got := configMentions(tc.rsh, "serveraliveinterval"); got != tc.want {
+			t.Errorf("configMentions(%q) = %d, want %d", tc.rsh, got, tc.want)
 		}
 	}
 }
