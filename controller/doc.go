@@ -40,6 +40,7 @@
 // (ControlMaster, ProxyJump, ports, identities) is the user's own. The
 // keepalive options (ServerAliveInterval=10, ServerAliveCountMax=3) and -E
 // (ssh's own messages to a log, never into the job's stderr) are added only
-// when RSH is OpenSSH's ssh, and the keepalives only when neither the RSH
-// words nor `ssh -G DEST` set ServerAliveInterval.
+// when RSH is OpenSSH's ssh, and the keepalives only when the user set no
+// ServerAliveInterval (in the RSH words or the ssh configuration files;
+// `ssh -G DEST` when those cannot be followed).
 package controller
