@@ -33,9 +33,9 @@ type Config struct {
 	Grace      time.Duration // default 5s
 	RenewEvery time.Duration // default a third of the lease
 	// GiveUp is how long after the last renewal that succeeded (or the
-	// launch, before any) Follow stops trying to learn the outcome.
-	// Default: lease + grace + 30s; with no lease, 5 minutes after the last
-	// successful connection.
+	// launch, before any) Follow stops trying to learn the outcome (see
+	// gaveUp). Default: lease + grace + 30s; with no lease, 5 minutes after
+	// the connection was lost.
 	GiveUp time.Duration
 
 	Ledger *ledger.Ledger // required
@@ -168,7 +168,7 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		h.close()
 		return nil, err
 	}
-	r.out.onWrite, r.errw.onWrite = r.attached, r.attached
+	r.out.onWrite, r.errw.onWrite = r.progress, r.progress
 	r.reattaching.Store("")
 	r.lastRenew.Store(time.Now().UnixNano())
 	r.ev.emit(EvLaunching, map[string]any{"dest": cfg.Dest, "command": argv, "lease_seconds": lease})
@@ -220,9 +220,26 @@ func (r *Run) cancelRequested() bool {
 	}
 }
 
-// gaveUp reports whether --give-up has passed since the last renewal.
+// gaveUp reports whether --give-up has passed since the last renewal that
+// succeeded. Where there is nothing to renew (no lease, or the host refused
+// a renewal because the run is ending) the output's progress and each
+// successful connection count as renewals, and a run without a lease gives
+// up only while detached.
 func (r *Run) gaveUp() bool {
+	if r.cfg.Lease < 0 {
+		if st := r.state(); st != ledger.Detached && st != ledger.Launching {
+			return false
+		}
+	}
 	return time.Since(time.Unix(0, r.lastRenew.Load())) > r.cfg.GiveUp
+}
+
+// progress is called on every write of the job's output.
+func (r *Run) progress() {
+	r.attached()
+	if r.cfg.Lease < 0 || r.renewFailed.Load() {
+		r.lastRenew.Store(time.Now().UnixNano())
+	}
 }
 
 // Follow drives the run to its end; see the package doc. It returns the
@@ -424,7 +441,7 @@ func (r *Run) attach(ctx context.Context) callResult {
 	res := r.h.call(ctx, r.h.remote("attach", "--from", from, r.cfg.ID), r.out, r.errw)
 	if !res.lost() {
 		r.attached()
-		if r.cfg.Lease < 0 {
+		if r.cfg.Lease < 0 || r.renewFailed.Load() {
 			r.lastRenew.Store(time.Now().UnixNano())
 		}
 	}
@@ -481,6 +498,9 @@ func (r *Run) detached(why string) {
 	}
 	if r.state() != ledger.Detached {
 		r.cfg.Notice(fmt.Sprintf("run %s: connection to %s lost (%s); reattaching", r.cfg.ID, r.cfg.Dest, why))
+	}
+	if r.cfg.Lease < 0 && r.state() != ledger.Detached {
+		r.lastRenew.Store(time.Now().UnixNano()) // no lease: give-up counts from the loss
 	}
 	r.update(func(l *ledger.Record) {
 		if l.State != ledger.Launching {

@@ -63,6 +63,16 @@ func TestSSH1BytesCodesArgv(t *testing.T) {
 		c.wantSettled(tc.id, "completed", "", tc.code)
 	}
 
+	// No lease: nothing to renew; the run still ends with its code.
+	k = c.start("nolease", []string{"--lease", "0"}, "sh", "-c", "echo hi; exit 3")
+	if code := k.wait(t); code != 3 || k.stdout() != "hi\n" {
+		t.Errorf("--lease 0: exit %d, stdout %q; want 3, hi", code, k.stdout())
+	}
+	if r, _ := c.status("nolease"); r.State != "finished" {
+		t.Errorf("--lease 0: host record %v", r)
+	}
+	c.wantSettled("nolease", "completed", "", 3)
+
 	hostile := []string{"two words", `it's "quoted"`, "$HOME", "a;b", `back\slash`, "line\nbreak", "", "-n", "--", "\xff\xfe\x80", "*", "`id`"}
 	k = c.start("argv", longLease, append([]string{"/usr/bin/printf", `%s\000`}, hostile...)...)
 	if code := k.wait(t); code != 0 {
