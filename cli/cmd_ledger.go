@@ -19,6 +19,11 @@ func runLedger(e *Env, args []string) int {
 	asJSON := fs.Bool("json", false, "one JSON object per line per run: the ledger record")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")
 	fs.SetInterspersed(true)
+	_ = fs.MarkHidden("root")
+	fs.Usage = func() {
+		fmt.Fprint(e.Stderr, "usage: agent-wrap ledger [--json] [--ledger DIR]\n\nledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. See docs/controller.md.\n\n")
+		fs.PrintDefaults()
+	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

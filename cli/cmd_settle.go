@@ -27,6 +27,7 @@ func runSettle(e *Env, args []string) int {
 	all := fs.Bool("all", false, "every run in the ledger not settled yet (and those settled unknown)")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")
 	fs.SetInterspersed(true)
+	_ = fs.MarkHidden("root")
 	fs.Usage = func() {
 		fmt.Fprint(e.Stderr, "usage: agent-wrap settle [--all | RUN_ID...]\n\n"+settleHelp+"\n")
 		fs.PrintDefaults()

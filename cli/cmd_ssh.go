@@ -31,7 +31,7 @@ unsafe ledger. See docs/controller.md.
 
 func runSSH(e *Env, args []string) int {
 	fs := e.flags("ssh")
-	rsh := fs.StringP("rsh", "e", "", "the ssh command, split as a shell would (default $AGENT_WRAP_RSH, else ssh)")
+	rsh := fs.StringP("rsh", "e", "", "the ssh command `CMD`, split as a shell would (default $AGENT_WRAP_RSH, else ssh)")
 	remoteBin := fs.String("remote-bin", "agent-wrap", "the agent-wrap `PATH` on the host")
 	remoteRoot := fs.String("remote-root", "", "the run root `DIR` on the host (default: the host's own)")
 	id := fs.String("id", "", "the run `ID` (default: 128 random bits)")
@@ -41,6 +41,10 @@ func runSSH(e *Env, args []string) int {
 	fs.Var(&grace, "grace", "time `D` between TERM and KILL on the host (default 5s)")
 	fs.Var(&renewEvery, "renew-every", "renew the lease every `D` (default a third of the lease)")
 	fs.Var(&giveUp, "give-up", "stop trying to learn the outcome `D` after the last renewal that succeeded (default lease + grace + 30s)")
+	for _, name := range []string{"lease", "grace", "renew-every", "give-up"} {
+		fs.Lookup(name).DefValue = "" // the defaults are in the usage text
+	}
+	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
 	fs.Usage = func() {

@@ -80,6 +80,7 @@ type Run struct {
 	reattaching atomic.Value  // string "N,M": a reattach from these offsets is not yet known to be up
 	renewNow    chan struct{} // a renewal wanted before the next tick
 	cancelFinal atomic.Pointer[finalWord]
+	lostSaid    atomic.Bool // the current loss was said; cleared when attached
 }
 
 // ID returns the run ID.
@@ -278,6 +279,9 @@ func (r *Run) Follow(ctx context.Context) int {
 				case res.code == 66:
 					probe = false // never claimed: launch again (the claim is atomic)
 				case v != nil:
+					// The lost launch did reach the host: the run is
+					// there (its record was not seen; reconcile has no pid).
+					r.running(&launchRecord{RunID: r.cfg.ID})
 					r.markLaunched()
 					continue
 				default:
@@ -421,6 +425,7 @@ func (r *Run) running(rec *launchRecord) {
 		l.RemotePID, l.RemotePGID, l.BootID = rec.PID, rec.PGID, rec.BootID
 		l.Reason = ""
 	})
+	r.lostSaid.Store(false)
 	r.ev.emit(EvRunning, map[string]any{"remote_pid": rec.PID, "boot_id": rec.BootID})
 }
 
@@ -457,6 +462,7 @@ func (r *Run) attached() {
 	if from == "" {
 		return
 	}
+	r.lostSaid.Store(false)
 	r.update(func(l *ledger.Record) {
 		if l.State == ledger.Detached {
 			l.State = ledger.Running
@@ -496,8 +502,12 @@ func (r *Run) detached(why string) {
 	if r.gaveUp() {
 		return // the give-up killed the call; Follow says so next
 	}
-	if r.state() != ledger.Detached {
-		r.cfg.Notice(fmt.Sprintf("run %s: connection to %s lost (%s); reattaching", r.cfg.ID, r.cfg.Dest, why))
+	if !r.lostSaid.Swap(true) {
+		if r.isLaunched() {
+			r.cfg.Notice(fmt.Sprintf("run %s: connection to %s lost (%s); reattaching", r.cfg.ID, r.cfg.Dest, why))
+		} else {
+			r.cfg.Notice(fmt.Sprintf("run %s: cannot reach %s (%s); retrying", r.cfg.ID, r.cfg.Dest, why))
+		}
 	}
 	if r.cfg.Lease < 0 && r.state() != ledger.Detached {
 		r.lastRenew.Store(time.Now().UnixNano()) // no lease: give-up counts from the loss
