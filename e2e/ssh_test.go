@@ -339,3 +339,28 @@ func TestSSHNoAgentWrapAndDuplicateID(t *testing.T) {
 		t.Errorf("the duplicate changed the ledger record")
 	}
 }
+
+// A cancel before the launch ever reached the host: the launch is never
+// sent again; once the host can be asked, the run is not_started and the
+// controller exits 143. (ssh gives up on the blackholed connection after
+// its ConnectTimeout, 2 s here; the relay is healed only after that, so the
+// held bytes of that connection cannot start the run late.)
+func TestSSHCancelBeforeLaunch(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	c.rl.Blackhole(true)
+	k := c.start("early", []string{"--rsh", c.rsh("-o", "ConnectTimeout=2"), "--lease", "120s", "--give-up", "60s"}, "true")
+	c.waitEvent("early", "detached", 0)
+	k.signal(t, syscall.SIGINT)
+	eventually(t, "ledger cancel_requested", func() bool { return c.ledgerRec("early").CancelRequested })
+	c.rl.Blackhole(false)
+	if code := k.wait(t); code != 143 {
+		t.Errorf("exit %d, want 143\nstderr: %s", code, k.stderr())
+	}
+	if r := c.ledgerRec("early"); r.State != ledger.Settled || r.Outcome != ledger.NotStarted {
+		t.Errorf("ledger: state %s outcome %s, want settled not_started", r.State, r.Outcome)
+	}
+	if _, err := os.Stat(filepath.Join(c.root, "early")); err == nil {
+		t.Errorf("the host has run early: it was started after the cancel")
+	}
+}

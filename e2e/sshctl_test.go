@@ -45,8 +45,8 @@ func newCtlHarness(t *testing.T) *ctlHarness {
 
 // rsh is the --rsh value: the test server's ssh options, through the relay,
 // with keepalives that notice a blackhole within about 3 s.
-func (c *ctlHarness) rsh() string {
-	args := append([]string{"ssh"}, c.srv.SSHArgs()...)
+func (c *ctlHarness) rsh(first ...string) string {
+	args := append(append([]string{"ssh"}, first...), c.srv.SSHArgs()...)
 	args = append(args, "-o", "ProxyCommand="+c.rl.ProxyCommand(),
 		"-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3")
 	return sshtest.Quote(args...)
