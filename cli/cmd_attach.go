@@ -9,7 +9,14 @@ import (
 )
 
 func init() {
-	register(&command{name: "attach", summary: "stream both logs from byte offsets until the run ends: attach [--from N,M] RUN_ID", run: runAttach})
+	register(&command{
+		name:     "attach",
+		summary:  "stream both logs from byte offsets, following them until the run is over",
+		synopsis: "attach [--from N,M] RUN_ID",
+		help:     attachHelp,
+		exits:    "as wait: the run's exit code; 75 the outcome is unknown; 66 no such run; 64 usage; 78 unsafe run root",
+		run:      runAttach,
+	})
 }
 
 const attachHelp = `attach writes the job's stdout.log from byte N to stdout and its stderr.log
@@ -23,10 +30,6 @@ func runAttach(e *Env, args []string) int {
 	fs := e.flags("attach")
 	from := fs.String("from", "0,0", "start at byte `N,M` of stdout.log and stderr.log")
 	fs.SetInterspersed(true) // no job argv here: flags may follow RUN_ID
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap attach [--from N,M] RUN_ID\n\n"+attachHelp+"\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

@@ -11,7 +11,14 @@ import (
 )
 
 func init() {
-	register(&command{name: "ledger", summary: "the controller's runs, unsettled first: ledger [--json]", run: runLedger})
+	register(&command{
+		name:     "ledger",
+		summary:  "list the runs agent-wrap ssh started, unsettled first",
+		synopsis: "ledger [--json] [--ledger DIR]",
+		help:     "ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. See docs/controller.md.",
+		exits:    "0; 78 unsafe ledger",
+		run:      runLedger,
+	})
 }
 
 func runLedger(e *Env, args []string) int {
@@ -20,10 +27,6 @@ func runLedger(e *Env, args []string) int {
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")
 	fs.SetInterspersed(true)
 	_ = fs.MarkHidden("root")
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap ledger [--json] [--ledger DIR]\n\nledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. See docs/controller.md.\n\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

@@ -9,7 +9,14 @@ import (
 )
 
 func init() {
-	register(&command{name: "settle", summary: "learn and record the outcome of the controller's runs: settle [--all | RUN_ID...]", run: runSettle})
+	register(&command{
+		name:     "settle",
+		summary:  "ask the hosts of the controller's runs what became of them and record it",
+		synopsis: "settle [--ledger DIR] [--all | RUN_ID...]",
+		help:     settleHelp,
+		exits:    "0 all settled; 3 some running; 4 some unknown; 255 some host unreachable; 66 a named run is not in the ledger; 64 usage; 78 unsafe ledger",
+		run:      runSettle,
+	})
 }
 
 const settleHelp = `settle asks the host of each unsettled run in the ledger (reconcile --json,
@@ -17,9 +24,6 @@ over the run's own --rsh) what became of it and records the outcome:
 completed, cancelled, unknown, or not_started (the host never had the run ID
 and the ledger still says launching). It signals nothing. A run whose
 controller is still alive is left to it.
-
-exit: 0 all settled; 3 some running; 4 some unknown; 255 some host
-unreachable; 66 a named run is not in the ledger.
 `
 
 func runSettle(e *Env, args []string) int {
@@ -28,10 +32,6 @@ func runSettle(e *Env, args []string) int {
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")
 	fs.SetInterspersed(true)
 	_ = fs.MarkHidden("root")
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap settle [--all | RUN_ID...]\n\n"+settleHelp+"\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

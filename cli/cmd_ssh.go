@@ -2,7 +2,6 @@ package cli
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,7 +13,14 @@ import (
 )
 
 func init() {
-	register(&command{name: "ssh", summary: "run a job on another host so it cannot be lost: ssh [FLAGS] DEST -- CMD [ARG...]", run: runSSH})
+	register(&command{
+		name:     "ssh",
+		summary:  "run a job on another host so that it cannot be lost (the controller side)",
+		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
+		help:     sshHelp,
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 64 usage or a run ID already in the ledger; 78 unsafe ledger",
+		run:      runSSH,
+	})
 }
 
 const sshHelp = `ssh runs CMD on DEST under agent-wrap, as 'ssh DEST CMD' would, with the
@@ -22,11 +28,7 @@ controller's half of the contract: a ledger record written before the first
 connection, lease renewals over their own connections, a reattach from the
 byte offsets delivered after a lost connection, and on INT, TERM or HUP a
 confirmed remote cancel over a new connection. The job's stdout and stderr
-arrive byte for byte; the job's stdin is /dev/null.
-
-exit: the run's exit code, as 'run' gives it; 255 when the outcome could not
-be learned ('agent-wrap settle RUN_ID' asks again later); 64 usage; 78
-unsafe ledger. See docs/controller.md.
+arrive byte for byte; the job's stdin is /dev/null. See docs/controller.md.
 `
 
 func runSSH(e *Env, args []string) int {
@@ -47,10 +49,6 @@ func runSSH(e *Env, args []string) int {
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap ssh [FLAGS] DEST -- CMD [ARG...]\n\n"+sshHelp+"\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
