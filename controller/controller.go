@@ -212,9 +212,12 @@ func (r *Run) Cancel() {
 	})
 }
 
-func (r *Run) cancelRequested() bool {
+func (r *Run) cancelRequested() bool { return isClosed(r.cancelCh) }
+
+// isClosed reports whether ch is closed, without waiting.
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-r.cancelCh:
+	case <-ch:
 		return true
 	default:
 		return false
@@ -330,14 +333,7 @@ func (r *Run) Follow(ctx context.Context) int {
 	}
 }
 
-func (r *Run) isLaunched() bool {
-	select {
-	case <-r.launched:
-		return true
-	default:
-		return false
-	}
-}
+func (r *Run) isLaunched() bool { return isClosed(r.launched) }
 
 func (r *Run) markLaunched() { r.launchOnce.Do(func() { close(r.launched) }) }
 
@@ -606,15 +602,7 @@ func askVerdict(ctx context.Context, h *host, id string, timeout time.Duration) 
 
 // settle records the outcome: state settled.
 func (r *Run) settle(outcome string, code int, cause, reason string) {
-	r.update(func(l *ledger.Record) {
-		l.State, l.Outcome, l.Cause, l.Reason = ledger.Settled, outcome, cause, reason
-		l.ExitCode = nil
-		if code >= 0 {
-			l.ExitCode = &code
-		}
-		l.SettledAt = time.Now().UTC()
-		l.ControllerPID, l.ControllerStart = 0, 0
-	})
+	r.update(func(l *ledger.Record) { l.MarkSettled(outcome, code, cause, reason) })
 	f := map[string]any{"outcome": outcome, "cause": cause}
 	if code >= 0 {
 		f["exit_code"] = code

@@ -79,13 +79,7 @@ func Settle(ctx context.Context, l *ledger.Ledger, id string) (*ledger.Record, i
 	default:
 		outcome, cause, reason = ledger.Unknown, v.Evidence.Cause, v.Reason
 	}
-	rec.State, rec.Outcome, rec.Cause, rec.Reason = ledger.Settled, outcome, cause, reason
-	rec.ExitCode = nil
-	if code >= 0 {
-		rec.ExitCode = &code
-	}
-	rec.SettledAt = time.Now().UTC()
-	rec.ControllerPID, rec.ControllerStart = 0, 0
+	rec.MarkSettled(outcome, code, cause, reason)
 	if err := l.Update(rec); err != nil {
 		return rec, SettleUnreachable, err
 	}

@@ -32,7 +32,6 @@ type ctlHarness struct {
 
 func newCtlHarness(t *testing.T) *ctlHarness {
 	t.Helper()
-	need(t, "ssh", "attach", "settle")
 	h := newHarness(t)
 	dir := t.TempDir()
 	return &ctlHarness{

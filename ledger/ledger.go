@@ -96,6 +96,19 @@ func (r *Record) Code() int {
 	return 255
 }
 
+// MarkSettled sets the record's final word: state settled, the outcome, the
+// exit code (code < 0: none), cause and reason, settled_at now; the run is
+// no longer driven by a controller. The caller writes it with Update.
+func (r *Record) MarkSettled(outcome string, code int, cause, reason string) {
+	r.State, r.Outcome, r.Cause, r.Reason = Settled, outcome, cause, reason
+	r.ExitCode = nil
+	if code >= 0 {
+		r.ExitCode = &code
+	}
+	r.SettledAt = time.Now().UTC()
+	r.ControllerPID, r.ControllerStart = 0, 0
+}
+
 // ErrExists is returned by Create when the ledger already holds the run ID.
 var ErrExists = errors.New("run ID already in the ledger")
 
