@@ -281,7 +281,9 @@ var callSeq atomic.Int64
 // -E) and come back in the result, so they are never mistaken for the job's
 // stderr. The client runs in a process group of its own, so a terminal's ^C
 // reaches the controller, not its connections; ctx ending kills that group
-// (ssh and its ProxyCommand).
+// (ssh and its ProxyCommand), and the controller's death kills ssh
+// (PR_SET_PDEATHSIG; Go never ends the OS thread that forked it, as nothing
+// here locks one).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
 	<-h.probed
 	args := append([]string{}, h.rsh[1:]...)
@@ -294,7 +296,10 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	args = append(args, h.dest, line)
 	cmd := exec.Command(h.rsh[0], args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own group (a terminal's ^C is the controller's to handle), and
+	// it dies with the controller: a controller SIGKILLed leaves no client
+	// behind to launch or act later, behind the back of a settle.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}

@@ -364,3 +364,48 @@ func TestSSHCancelBeforeLaunch(t *testing.T) {
 		t.Errorf("the host has run early: it was started after the cancel")
 	}
 }
+
+// A controller SIGKILLed at any of the moments of a run leaves a ledger
+// that settle finishes: once the host has the run (claimed, seen running,
+// output delivered), settle records the run's own outcome. Its ssh clients
+// die with it.
+func TestSSHKilledAtEachMoment(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	job := []string{"sh", "-c", "echo x; sleep 1; exit 4"}
+	for _, m := range []struct {
+		id   string
+		when func(id string, k *ctl) bool
+	}{
+		{"kill-claimed", func(id string, k *ctl) bool { _, err := os.Stat(filepath.Join(c.root, id)); return err == nil }},
+		{"kill-running", func(id string, k *ctl) bool {
+			b, _ := os.ReadFile(filepath.Join(c.ledger, id+".json"))
+			return strings.Contains(string(b), `"state": "running"`)
+		}},
+		{"kill-output", func(id string, k *ctl) bool { return k.stdout() == "x\n" }},
+	} {
+		k := c.start(m.id, longLease, job...)
+		eventually(t, m.id+": the moment", func() bool { return m.when(m.id, k) })
+		var clients []int
+		for _, p := range childrenOf(k.cmd.Process.Pid) {
+			clients = append(clients, p.pid)
+		}
+		k.signal(t, syscall.SIGKILL)
+		k.wait(t)
+		if r := c.ledgerRec(m.id); r.State == ledger.Settled {
+			t.Errorf("%s: settled by a controller that was killed: %+v", m.id, r)
+		}
+		for _, pid := range clients {
+			eventually(t, "the killed controller's ssh client to die", func() bool {
+				st, ok := readStat(pid)
+				return !ok || st.dead()
+			})
+		}
+		c.waitTerminal(m.id)
+		if code, out := c.settle(m.id); code != 0 {
+			t.Errorf("%s: settle exit %d: %s", m.id, code, out)
+		}
+		c.wantSettled(m.id, "completed", "", 4)
+		c.treeGone(m.id)
+	}
+}

@@ -216,3 +216,19 @@ func execBin(args ...string) (string, error) {
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	return string(out), err
 }
+
+// childrenOf lists the live children of pid.
+func childrenOf(pid int) []pstat {
+	ents, _ := os.ReadDir("/proc")
+	var out []pstat
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := readStat(p); ok && st.ppid == pid && !st.dead() {
+			out = append(out, st)
+		}
+	}
+	return out
+}
