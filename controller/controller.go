@@ -81,6 +81,7 @@ type Run struct {
 	renewNow    chan struct{} // a renewal wanted before the next tick
 	cancelFinal atomic.Pointer[finalWord]
 	lostSaid    atomic.Bool // the current loss was said; cleared when attached
+	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
 }
 
 // ID returns the run ID.
@@ -347,7 +348,10 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		lease = r.cfg.Lease.String()
 	}
 	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String(), r.cfg.ID, "--"}, r.argv...)
-	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote("attach", r.cfg.ID)
+	// --from before the ID: an agent-wrap too old to know attach reads
+	// this as the short form of run with an unknown flag, a usage error
+	// (64) found before any claim, rather than run a job named RUN_ID.
+	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote("attach", "--from", "0,0", r.cfg.ID)
 
 	pr, pw := io.Pipe()
 	var rec *launchRecord
@@ -439,7 +443,13 @@ func (r *Run) attach(ctx context.Context) callResult {
 	}
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
-	res := r.h.call(ctx, r.h.remote("attach", "--from", from, r.cfg.ID), r.out, r.errw)
+	line := r.h.remote("attach", "--from", from, r.cfg.ID)
+	if r.noAttach.Load() {
+		// The host cannot stream: learn the end with wait (75 at the
+		// timeout, which finish takes for a live run and follows again).
+		line = r.h.remote("wait", "--timeout", "60s", r.cfg.ID)
+	}
+	res := r.h.call(ctx, line, r.out, r.errw)
 	if !res.lost() {
 		r.attached()
 		if r.cfg.Lease < 0 || r.renewFailed.Load() {
@@ -572,14 +582,30 @@ func (r *Run) finish(ctx context.Context, code int) (int, bool) {
 			if v.ExitCode != nil {
 				c = *v.ExitCode
 			}
+			if code == 64 && c != 64 {
+				r.attachRefused() // a usage error that was not the run's code
+			}
 			r.settle(v.Outcome, c, v.Evidence.Cause, "")
 			return c, true
 		case reconcile.Running:
+			if code == 64 {
+				r.attachRefused() // the run is live, so the 64 was attach's
+			}
 			return 0, false
 		}
 		r.settle(ledger.Unknown, -1, v.Evidence.Cause, v.Reason)
 		return r.unknown(v.Reason), true
 	}
+}
+
+// attachRefused says, once, that the host's agent-wrap has no attach, and
+// makes Follow learn the run's end with wait instead.
+func (r *Run) attachRefused() {
+	if r.noAttach.Swap(true) {
+		return
+	}
+	r.cfg.Notice(fmt.Sprintf("run %s: the agent-wrap on %s has no attach command (it is older than this controller), so the job's output is not streamed", r.cfg.ID, r.cfg.Dest))
+	r.cfg.Notice(fmt.Sprintf("hint: 'agent-wrap deploy %s' installs this version; 'agent-wrap ssh' waits for the run's end meanwhile", r.cfg.Dest))
 }
 
 // reconcile asks the host for the run's verdict (nil when none came).

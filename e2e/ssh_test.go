@@ -409,3 +409,45 @@ func TestSSHKilledAtEachMoment(t *testing.T) {
 		c.treeGone(m.id)
 	}
 }
+
+// A host whose agent-wrap predates attach: the launch starts the run, the
+// attach is a usage error (64) found before any claim, and the controller
+// says so, naming deploy, and follows the run to its code with wait.
+func TestSSHHostWithoutAttach(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	old := filepath.Join(t.TempDir(), "old-agent-wrap")
+	script := "#!/bin/sh\n" +
+		"for a; do [ \"$a\" = attach ] && { echo 'agent-wrap: run: unknown flag: --from' >&2; exit 64; }; done\n" +
+		"exec " + bin + " \"$@\"\n"
+	if err := os.WriteFile(old, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A job that ends at once, and one that is still running when the
+	// attach is refused (it ends when the test says).
+	gate := filepath.Join(t.TempDir(), "go")
+	for _, tc := range []struct {
+		id  string
+		job []string
+	}{
+		{"oldhost-quick", []string{"sh", "-c", "echo out; exit 6"}},
+		{"oldhost-live", []string{"sh", "-c", `echo out; while [ ! -e "$1" ]; do sleep 0.1; done; exit 6`, "sh", gate}},
+	} {
+		k := c.start(tc.id, []string{"--remote-bin", old, "--lease", "120s"}, tc.job...)
+		if tc.id == "oldhost-live" {
+			eventually(t, "the refusal said", func() bool { return strings.Contains(k.stderr(), "no attach command") })
+			c.waitRunning(tc.id)
+			os.WriteFile(gate, nil, 0o600)
+		}
+		if code := k.wait(t); code != 6 {
+			t.Errorf("%s: exit %d, want 6\nstderr: %s", tc.id, code, k.stderr())
+		}
+		if !strings.Contains(k.stderr(), "no attach command") || !strings.Contains(k.stderr(), "agent-wrap deploy") {
+			t.Errorf("%s: stderr does not say why the output is missing: %s", tc.id, k.stderr())
+		}
+		c.wantSettled(tc.id, "completed", "", 6)
+	}
+	if _, err := os.Stat(filepath.Join(c.root, "attach")); err == nil {
+		t.Errorf("the old host ran a job under the run ID \"attach\"")
+	}
+}
