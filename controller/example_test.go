@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -33,5 +34,10 @@ func Example() {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() { <-sigs; run.Cancel() }()
 	code := run.Follow(context.Background()) // the run's code, or 255: unknown
-	_ = code                                 // exit with it, as ssh would
+	rec := run.Record()                      // the ledger's word: outcome, cause, exit_code
+	if rec.State != ledger.Settled {
+		// Unknown for now: controller.Settle(ctx, l, run.ID()) asks again later.
+		fmt.Fprintf(os.Stderr, "run %s: %s\n", run.ID(), rec.Reason)
+	}
+	_ = code // exit with it, as ssh would
 }
