@@ -82,7 +82,14 @@ func (r *runner) controllerFigure() (err error) {
 	viaSSH := func() (float64, error) {
 		return timeCmd(ssh(sshtest.Quote(r.bin, "--root", root, "run", r.id("plain"), "--", "true")))
 	}
-	s, err := bench.Interleave(2, r.n(30, 10), viaCtl, viaSSH, roundTrip)
+	// The controller's remote line alone, by hand: what the host costs,
+	// apart from the controller's own work.
+	remoteLine := func() (float64, error) {
+		id := r.id("line")
+		q := func(w ...string) string { return sshtest.Quote(append([]string{r.bin, "--root", root}, w...)...) }
+		return timeCmd(ssh(q("run", "--detach", "--lease", "1m0s", "--grace", "2s", id, "--", "true") + " 2>&1 && exec " + q("attach", "--from", "0,0", id)))
+	}
+	s, err := bench.Interleave(2, r.n(30, 10), viaCtl, viaSSH, roundTrip, remoteLine)
 	if err != nil {
 		return err
 	}
@@ -95,6 +102,8 @@ func (r *runner) controllerFigure() (err error) {
 	})
 	r.detail("controller `agent-wrap ssh DEST -- true`: %s; `ssh DEST agent-wrap run ID -- true`: %s; `ssh DEST true`: %s (one shared ControlMaster)",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms), spread(s[2], bench.Ms))
+	r.detail("controller: its remote line by hand (`ssh DEST 'agent-wrap run --detach ... 2>&1 && exec agent-wrap attach ...'`): %s, so of the %s the controller adds to plain run, the host's detach and attach take %s and the controller's own work %s",
+		spread(s[3], bench.Ms), bench.Ms(a-b), bench.Ms(bench.Median(s[3])-b), bench.Ms(a-bench.Median(s[3])))
 
 	// 2. SIGINT until the controller exits with the tree gone.
 	cancelOnce := func() (float64, error) {
