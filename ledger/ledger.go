@@ -4,9 +4,10 @@
 // not writable by group or others, mode 0700 when created).
 //
 // What it guarantees:
-//   - Create and Update return only once the record is on disk: the file is
-//     written to a temporary file in the ledger directory, fsynced, put in
-//     place, and the directory is fsynced. A controller killed at any moment
+//   - Create and Update return only once the record is on disk: the record
+//     is written to a temporary file in the ledger directory, fsynced, put
+//     in place (Create: link(2); Update: a renameio pending file's rename),
+//     and the directory is fsynced. A controller killed at any moment
 //     leaves either the previous record or the new one, never a mix, and a
 //     record that Create returned for is never lost to a crash.
 //   - Create claims the ID: it fails with ErrExists, touching nothing, when
@@ -31,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/renameio/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -208,7 +210,9 @@ func (l *Ledger) Create(r *Record) error {
 	return l.syncDir()
 }
 
-// Update replaces the run's record, durably (see the package doc).
+// Update replaces the run's record: a renameio pending file in the ledger
+// directory, fsynced, renamed over the record, then the directory fsynced
+// (see the package doc).
 func (l *Ledger) Update(r *Record) error {
 	if err := rundir.ValidID(r.RunID); err != nil {
 		return err
@@ -218,25 +222,36 @@ func (l *Ledger) Update(r *Record) error {
 	}
 	r.Schema = 1
 	r.UpdatedAt = time.Now().UTC()
-	tmp, err := l.writeTemp(r)
+	b, err := marshal(r)
 	if err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, l.path(r.RunID)); err != nil {
-		os.Remove(tmp)
+	t, err := renameio.NewPendingFile(l.path(r.RunID), renameio.WithTempDir(l.Path), renameio.WithStaticPermissions(0o600))
+	if err != nil {
+		return err
+	}
+	defer t.Cleanup()
+	if _, err := t.Write(b); err != nil {
+		return err
+	}
+	if err := t.CloseAtomicallyReplace(); err != nil {
 		return err
 	}
 	return l.syncDir()
 }
 
+func marshal(r *Record) ([]byte, error) {
+	b, err := json.MarshalIndent(r, "", "  ")
+	return append(b, '\n'), err
+}
+
 // writeTemp writes r to a new, fsynced temporary file in the ledger
 // directory and returns its path.
 func (l *Ledger) writeTemp(r *Record) (string, error) {
-	b, err := json.MarshalIndent(r, "", "  ")
+	b, err := marshal(r)
 	if err != nil {
 		return "", err
 	}
-	b = append(b, '\n')
 	f, err := os.CreateTemp(l.Path, "."+r.RunID+".tmp*")
 	if err != nil {
 		return "", err
