@@ -367,9 +367,10 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	res := r.h.call(ctx, line, pw, r.errw)
 	pw.Close()
 	<-done
-	if rec == nil && said.Len() > 0 {
-		// What the host said instead of a record: agent-wrap's message, or
-		// the shell's (command not found).
+	if said.Len() > 0 {
+		// What the host said before (or instead of) a record: agent-wrap's
+		// messages, or the shell's (command not found). Not the job's, so
+		// not counted in its stderr.
 		r.cfg.Stderr.Write(said.Bytes())
 	}
 	return res, rec, said.String()
