@@ -252,9 +252,8 @@ func (r *Run) progress() {
 func (r *Run) Follow(ctx context.Context) int {
 	defer r.h.close()
 	ctx, stop := context.WithCancel(ctx)
-	defer stop()
 	var bg sync.WaitGroup
-	defer bg.Wait()
+	defer bg.Wait() // after stop: the renewals and the cancel end with ctx
 	defer stop()
 	bg.Add(2)
 	go func() { defer bg.Done(); r.renewLoop(ctx) }()
@@ -275,7 +274,7 @@ func (r *Run) Follow(ctx context.Context) int {
 				switch {
 				case res.lost():
 					r.detached(res.why())
-					b.wait(ctx, r)
+					b.wait(ctx)
 					continue
 				case res.code == 66 && r.cancelRequested():
 					r.settle(ledger.NotStarted, -1, "", "cancelled before the launch reached the host")
@@ -302,13 +301,13 @@ func (r *Run) Follow(ctx context.Context) int {
 			case rec == nil && res.lost():
 				probe = true
 				r.detached(res.why())
-				b.wait(ctx, r)
+				b.wait(ctx)
 				continue
 			case rec == nil:
 				return r.launchFailed(ctx, res.code, said)
 			case res.lost():
 				r.detached(res.why())
-				b.wait(ctx, r)
+				b.wait(ctx)
 				continue
 			}
 			if code, done := r.finish(ctx, res.code); done {
@@ -324,13 +323,13 @@ func (r *Run) Follow(ctx context.Context) int {
 		}
 		if res.lost() {
 			r.detached(res.why())
-			b.wait(ctx, r)
+			b.wait(ctx)
 			continue
 		}
 		if code, done := r.finish(ctx, res.code); done {
 			return code
 		}
-		b.wait(ctx, r)
+		b.wait(ctx)
 	}
 }
 
@@ -572,7 +571,7 @@ func (r *Run) finish(ctx context.Context, code int) (int, bool) {
 			if r.gaveUp() || ctx.Err() != nil {
 				return r.giveUp(), true
 			}
-			b.wait(ctx, r)
+			b.wait(ctx)
 			continue
 		case v == nil:
 			return r.unknown(fmt.Sprintf("reconcile on %s exited %d without a verdict", r.cfg.Dest, res.code)), true
@@ -781,7 +780,7 @@ func (r *Run) cancelLoop(ctx context.Context) {
 		if res.code == 66 {
 			return // no such run: nothing to cancel
 		}
-		b.wait(ctx, r)
+		b.wait(ctx)
 	}
 }
 
@@ -790,9 +789,8 @@ type backoff struct{ d time.Duration }
 
 func (b *backoff) reset() { b.d = 0 }
 
-// wait sleeps the next interval, ending early when ctx ends; never past
-// the give-up point by more than the interval.
-func (b *backoff) wait(ctx context.Context, r *Run) {
+// wait sleeps the next interval, ending early when ctx ends.
+func (b *backoff) wait(ctx context.Context) {
 	if b.d == 0 {
 		b.d = backoffMin
 	} else if b.d *= 2; b.d > backoffMax {
