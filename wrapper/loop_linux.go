@@ -1,0 +1,138 @@
+package wrapper
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// wait blocks until the leader exits (returns "") or the run must be
+// cancelled (returns the cause).
+func (s *supervisor) wait(deadline int64) string {
+	var leaseC <-chan time.Time
+	var timer *time.Timer
+	if deadline > 0 {
+		timer = time.NewTimer(time.Until(time.Unix(deadline, 0)))
+		defer timer.Stop()
+		leaseC = timer.C
+	}
+	// A backstop scan finds escaped descendants within about a second and
+	// reaps orphans even if a SIGCHLD was coalesced with another.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+
+	if s.pollLeader() {
+		return s.cancelledMeanwhile()
+	}
+	for {
+		select {
+		case sig := <-s.sigs:
+			switch sig {
+			case unix.SIGCHLD:
+				if s.pollLeader() {
+					return s.cancelledMeanwhile()
+				}
+				s.reapOthers()
+			case unix.SIGPIPE:
+				// A closed stream: the streamer has seen the error already.
+			case unix.SIGHUP:
+				if s.cfg.OnHangup == HangupIgnore {
+					s.journal("hangup_ignored", nil, false)
+					continue
+				}
+				return s.beginCancel(statusfile.CauseHUP, "cancel_requested")
+			case unix.SIGTERM:
+				return s.beginCancel(statusfile.CauseTERM, "cancel_requested")
+			case unix.SIGINT:
+				return s.beginCancel(statusfile.CauseINT, "cancel_requested")
+			}
+		case <-leaseC:
+			next, expired := s.checkLease()
+			if expired != "" {
+				return expired
+			}
+			timer.Reset(time.Until(time.Unix(next, 0)))
+		case <-tick.C:
+			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
+			if s.pollLeader() {
+				return s.cancelledMeanwhile()
+			}
+		}
+	}
+}
+
+// cancelledMeanwhile is called when the leader has exited: if a cancel was
+// recorded before that (by the cancel command, which then TERMs us), the run
+// still ends as cancelled, since that is what was asked and recorded.
+func (s *supervisor) cancelledMeanwhile() string {
+	unlock, err := s.d.Lock()
+	if err != nil {
+		s.warn("cannot lock the run: %v", err)
+		return ""
+	}
+	defer unlock()
+	if disk, err := statusfile.Read(s.d); err == nil && disk.State == statusfile.Cancelling {
+		s.rec.State, s.rec.Cause = disk.State, disk.Cause
+		return disk.Cause
+	}
+	return ""
+}
+
+// beginCancel records the intent (journal, synced) and `cancelling`
+// (durable) under the run's lock, before any signal is sent. If the run is
+// already cancelling, the cause recorded first wins and is returned.
+func (s *supervisor) beginCancel(cause, event string) string {
+	unlock, err := s.d.Lock()
+	if err != nil {
+		s.warn("cannot lock the run: %v (stopping anyway)", err)
+	} else {
+		defer unlock()
+		if disk, err := statusfile.Read(s.d); err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
+			s.rec.State, s.rec.Cause = disk.State, disk.Cause
+			return disk.Cause
+		}
+	}
+	s.journal(event, journal.Fields{"cause": cause, "by": "wrapper", "pid": s.self}, true)
+	s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
+	s.writeRecordLocked(false)
+	return cause
+}
+
+// checkLease runs when the deadline timer fires. Under the run's lock it
+// rereads deadline_epoch: a renewal moved it (returns the new deadline), or
+// it has passed, and the expiry is journaled and synced and `cancelling`
+// written before anything is signalled (returns cause lease).
+func (s *supervisor) checkLease() (int64, string) {
+	unlock, err := s.d.Lock()
+	if err != nil {
+		s.warn("cannot lock the run: %v (enforcing the lease anyway)", err)
+		return 0, s.expire(0)
+	}
+	defer unlock()
+	disk, err := statusfile.Read(s.d)
+	if err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
+		s.rec.State, s.rec.Cause = disk.State, disk.Cause
+		return 0, disk.Cause
+	}
+	dl, err := lease.ReadDeadline(s.d)
+	if err != nil {
+		s.warn("cannot read deadline_epoch: %v (treating the lease as expired)", err)
+		return 0, s.expire(0)
+	}
+	if time.Now().Before(time.Unix(dl, 0)) {
+		return dl, ""
+	}
+	return 0, s.expire(dl)
+}
+
+// expire records the lease expiry; the caller holds the lock.
+func (s *supervisor) expire(deadline int64) string {
+	s.journal("deadline_expired", journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self}, true)
+	s.rec.State, s.rec.Cause = statusfile.Cancelling, statusfile.CauseLease
+	s.writeRecordLocked(false)
+	return statusfile.CauseLease
+}

@@ -1,0 +1,99 @@
+package wrapper
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// finish writes the final record: `finished` with the leader's code, or
+// `cancelled` with the cause's code. A record already made terminal by
+// someone else (the watchdog or cancel, after deciding we had stopped
+// acting) is never overwritten.
+func (s *supervisor) finish(cause string, survivors []int) *Result {
+	if survivors == nil {
+		survivors = []int{}
+	}
+	unlock, err := s.d.Lock()
+	if err != nil {
+		s.warn("cannot lock the run: %v (writing the final record anyway)", err)
+	} else {
+		defer unlock()
+		if disk, err := statusfile.Read(s.d); err == nil {
+			if statusfile.Terminal(disk.State) {
+				return &Result{Record: disk, Code: disk.Code()}
+			}
+			if disk.State == statusfile.Cancelling && cause == "" {
+				cause = disk.Cause
+			}
+		}
+	}
+	r := &s.rec
+	r.EndedAt = statusfile.Timestamp(time.Now())
+	r.Survivors = survivors
+	if s.leaderSig != 0 {
+		r.Signal = proc.SignalName(s.leaderSig)
+	}
+	if cause != "" {
+		r.State, r.Cause = statusfile.Cancelled, cause
+		r.SetExit(statusfile.CauseExitCode(cause))
+	} else {
+		r.State = statusfile.Finished
+		r.SetExit(s.leaderCode)
+	}
+	s.writeRecordLocked(true)
+	f := journal.Fields{"state": r.State, "exit_code": r.Code(), "survivors": survivors}
+	if r.Cause != "" {
+		f["cause"] = r.Cause
+	}
+	if r.Signal != "" {
+		f["signal"] = r.Signal
+	}
+	s.journal("final", f, false)
+	out := *r
+	return &Result{Record: &out, Code: r.Code()}
+}
+
+// writeRecord replaces status.json under the run's lock.
+func (s *supervisor) writeRecord(durable bool) {
+	unlock, err := s.d.Lock()
+	if err != nil {
+		s.warn("cannot lock the run: %v", err)
+		s.writeRecordLocked(durable)
+		return
+	}
+	defer unlock()
+	s.writeRecordLocked(durable)
+}
+
+// writeRecordLocked replaces status.json; the caller holds the lock. A
+// cancel recorded by another process (state cancelling) is kept, and a
+// terminal record is never replaced.
+func (s *supervisor) writeRecordLocked(durable bool) {
+	if disk, err := statusfile.Read(s.d); err == nil {
+		if statusfile.Terminal(disk.State) {
+			return
+		}
+		if disk.State == statusfile.Cancelling && s.rec.State == statusfile.Running {
+			s.rec.State, s.rec.Cause = disk.State, disk.Cause
+		}
+	}
+	if err := statusfile.Write(s.d, &s.rec, durable); err != nil {
+		s.warn("cannot write status.json (state %s): %v", s.rec.State, err)
+	}
+}
+
+func (s *supervisor) journal(event string, f journal.Fields, sync bool) {
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	if _, err := journal.Append(s.d, event, f, sync); err != nil {
+		s.warn("cannot journal %s: %v", event, err)
+	}
+}
+
+func (s *supervisor) warn(format string, a ...any) {
+	fmt.Fprintf(s.diag, "agent-wrap: run %s: "+format+"\n", append([]any{s.cfg.ID}, a...)...)
+}
