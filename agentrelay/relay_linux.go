@@ -80,10 +80,10 @@ const (
 
 // Reasons the relay itself gives for refusing, whatever the Check says.
 const (
-	ReasonNotRelayed = "request not relayed"
-	ReasonMalformed  = "malformed request"
-	ReasonCallerGone = "caller gone"
-	ReasonOtherUser  = "caller is another user"
+	ReasonNotRelayed = "not_relayed" // a request type the relay never passes
+	ReasonMalformed  = "malformed"   // a message that does not decode
+	ReasonCallerGone = "caller_gone" // the connecting process has exited
+	ReasonOtherUser  = "other_user"  // the connecting process is another user's
 )
 
 // Caller is the process at the other end of a connection.

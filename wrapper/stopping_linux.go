@@ -42,6 +42,8 @@ type supervisor struct {
 	cg      *cgroup.Group              // created before the first record, until the fork
 
 	journalMu sync.Mutex
+
+	scope *scope // the run's authority (authority_linux.go)
 }
 
 // stopAll stops the group and every escaped descendant: TERM, wait for them

@@ -119,9 +119,14 @@ func (s *supervisor) run() *Result {
 	s.journal("created", journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart,
 		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}, false)
 
-	// 3. Start the job.
+	// 3. Start the job, with its authority scoped to the run.
+	if err := s.startAuthority(); err != nil {
+		s.markLive()
+		return s.launchFailed(ExitLaunchFailed, fmt.Errorf("cannot scope the SSH agent to the run: %v (--agent inherit or none runs without a relay)", err))
+	}
 	code, err := s.launch()
 	if err != nil {
+		s.revokeAuthority()
 		return s.launchFailed(code, err)
 	}
 
@@ -151,6 +156,7 @@ func (s *supervisor) run() *Result {
 	}
 	s.journal("started", started, false)
 	s.writeRecord(false) // not terminal: see statusfile.Write
+	s.markLive()
 	if cfg.Running != nil {
 		r := s.rec
 		cfg.Running(&r)
@@ -163,6 +169,8 @@ func (s *supervisor) run() *Result {
 
 	// 6. Wait for the leader, a signal or the deadline.
 	cause := s.wait(deadline)
+	// The run is ending: its authority ends first, before any signal.
+	s.revokeAuthority()
 
 	// 7. Stop everything that is left.
 	var survivors []int
