@@ -55,8 +55,17 @@ func (s *supervisor) wait(deadline int64) string {
 			if expired != "" {
 				return expired
 			}
+			deadline = next
 			timer.Reset(time.Until(time.Unix(next, 0)))
 		case <-tick.C:
+			// A renewal may also shorten the lease (renew --lease 1s ends a
+			// run on demand): the timer follows a deadline moved earlier.
+			if timer != nil {
+				if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
+					deadline = dl
+					timer.Reset(time.Until(time.Unix(dl, 0)))
+				}
+			}
 			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
 			if s.pollLeader() {
 				return s.cancelledMeanwhile()
