@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agent-wrap/agent-wrap/authority"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -69,9 +70,14 @@ func runAuthorize(e *Env, args []string) int {
 		return code
 	}
 	defer root.Close()
-	d := authority.FindRun(root, p, st.Start)
-	if d == nil {
+	id, _, err := membership.Find(root, p, st.Start)
+	if err != nil {
 		return noRun("no_run")
+	}
+	d, err := root.Open(id)
+	if err != nil {
+		e.errorf("%v", err)
+		return ExitFailure
 	}
 	defer d.Close()
 	waitStarted(d)

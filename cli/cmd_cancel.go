@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -56,7 +57,7 @@ func runCancel(e *Env, args []string) int {
 		e.printFinal(rec, "already")
 		return ExitOK
 	}
-	if stop.WrapperAlive(rec) {
+	if membership.WrapperAlive(rec) {
 		w := d.Watch()
 		defer w.Close()
 		if err := requestCancel(d); err != nil {
@@ -74,7 +75,7 @@ func runCancel(e *Env, args []string) int {
 			if err == nil && statusfile.Terminal(cur.State) {
 				return e.confirm(cur)
 			}
-			if err == nil && !stop.WrapperAlive(cur) {
+			if err == nil && !membership.WrapperAlive(cur) {
 				break // the wrapper died mid-stop: finish the job ourselves
 			}
 			w.Wait(100 * time.Millisecond)

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
-	"github.com/agent-wrap/agent-wrap/stop"
 	"github.com/agent-wrap/agent-wrap/wrapper"
 )
 
@@ -175,7 +175,7 @@ func (e *Env) existingRun(root *rundir.Root, id string) int {
 			id, strings.ReplaceAll(rec.State, "_", " "), rec.Code(), rec.EndedAt)
 		return rec.Code()
 	}
-	if stop.WrapperAlive(rec) {
+	if membership.WrapperAlive(rec) {
 		e.errorf("run %s is already %s (job PID %d, wrapper PID %d); not running it again", id, rec.State, rec.PID, rec.WrapperPID)
 		e.hint("follow it with 'agent-wrap logs -f %s' or 'agent-wrap wait %s'", id, id)
 		return ExitTempFail

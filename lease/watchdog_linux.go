@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/stop"
@@ -90,7 +91,7 @@ func check(root *rundir.Root, id string, o WatchOptions) *Action {
 	if derr == nil && now.Before(time.Unix(dl, 0)) {
 		return nil
 	}
-	if errors.Is(derr, ErrNoDeadline) && rec.State == statusfile.Starting && rec.LeaseSeconds > 0 && !stop.WrapperAlive(rec) {
+	if errors.Is(derr, ErrNoDeadline) && rec.State == statusfile.Starting && rec.LeaseSeconds > 0 && !membership.WrapperAlive(rec) {
 		// The wrapper died while starting the job, before it wrote the
 		// deadline, which it would have set no later than created_at +
 		// lease (+ ActAfter for a slow start). Nobody can renew a run that
@@ -111,7 +112,7 @@ func check(root *rundir.Root, id string, o WatchOptions) *Action {
 		}
 		return nil // no lease: nothing for the watchdog to enforce
 	}
-	alive := stop.WrapperAlive(rec)
+	alive := membership.WrapperAlive(rec)
 	if alive && (rec.State == statusfile.Cancelling || now.Before(time.Unix(dl, 0).Add(ActAfter))) {
 		return nil // the wrapper is on it
 	}

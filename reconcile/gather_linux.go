@@ -8,10 +8,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
-	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 // LockWait is how long Gather waits for a shared hold on the run's lock, so
@@ -75,15 +75,15 @@ func gatherOnce(d *rundir.Dir) Input {
 		in.BootChanged = true
 		return in
 	}
-	in.WrapperAlive = stop.WrapperAlive(rec)
-	switch err := stop.Check(rec); {
-	case errors.Is(err, stop.ErrNoGroup):
+	in.WrapperAlive = membership.WrapperAlive(rec)
+	switch err := membership.Check(rec); {
+	case errors.Is(err, membership.ErrNoGroup):
 		return in // never got a process group: nothing to look for
 	case err != nil:
 		in.MembersErr = err
 		return in
 	}
-	targets, rejected, err := stop.Live(rec)
+	targets, rejected, err := membership.Run{Record: rec}.Members()
 	if err != nil {
 		in.MembersErr = fmt.Errorf("cannot read the process table: %w", err)
 		return in

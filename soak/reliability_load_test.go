@@ -11,8 +11,8 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/statusfile"
-	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 // Load: many concurrent runs, started (--detach), renewed and cancelled in
@@ -94,7 +94,7 @@ func TestLoad(t *testing.T) {
 				t.Errorf("%s: alive after a confirmed cancel: %v", id, live)
 			}
 		}
-		if !runtest.Within(runtest.Patience, func() bool { return !stop.WrapperAlive(rec) }) {
+		if !runtest.Within(runtest.Patience, func() bool { return !membership.WrapperAlive(rec) }) {
 			wrappers++
 			t.Errorf("%s: wrapper %d still alive after its final record", id, rec.WrapperPID)
 		}

@@ -1,15 +1,14 @@
 package stop
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
-
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -60,8 +59,8 @@ func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
 	if err == nil && rec.Cgroup == "" {
 		// The leader's own cgroup, if it is the one its wrapper made for
 		// the run, holds every descendant, escaped or not.
-		if cg := leaderCgroup(pid, fmt.Sprintf("%s.%d", rec.RunID, rec.WrapperPID)); cg != "" {
-			rec.Cgroup, rec.Boundary = cg, "cgroup"
+		if cg := membership.RunCgroupOf(pid, membership.CgroupName(rec.RunID, rec.WrapperPID)); cg != "" {
+			rec.Cgroup, rec.Boundary = cg, membership.BoundaryCgroup
 			f["cgroup"] = cg
 		}
 	}
@@ -90,30 +89,6 @@ func firstSessionLeader(cg string, minStart uint64) int {
 	return best
 }
 
-// leaderCgroup returns the absolute cgroup v2 directory of pid when it is a
-// run cgroup named name (see cgroup.Valid), else "".
-func leaderCgroup(pid int, name string) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil {
-		return ""
-	}
-	mnt, err := cgroup.Mount()
-	if err != nil {
-		return ""
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		rel, ok := strings.CutPrefix(l, "0::")
-		if !ok {
-			continue
-		}
-		p := filepath.Join(mnt, rel)
-		if filepath.Base(p) == name && cgroup.Valid(p) {
-			return p
-		}
-	}
-	return ""
-}
-
 // startingCgroup returns the cgroup of a run whose wrapper died before its
 // record moved past starting: the one the record names (a wrapper that
 // records it before the fork), else the one the wrapper would have made
@@ -134,7 +109,7 @@ func startingCgroup(rec *statusfile.Record) string {
 	if err != nil {
 		return ""
 	}
-	p := filepath.Join(mnt, self, cgroup.Parent, fmt.Sprintf("%s.%d", rec.RunID, rec.WrapperPID))
+	p := filepath.Join(mnt, self, cgroup.Parent, membership.CgroupName(rec.RunID, rec.WrapperPID))
 	if _, err := os.Stat(p); err != nil || !cgroup.Valid(p) {
 		return ""
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -68,17 +69,17 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		rep.Record, rep.Already = rec, true
 		return rep, nil
 	}
-	err = Check(rec)
-	if errors.Is(err, ErrNoGroup) && adoptStarting(d, rec) {
-		err = Check(rec)
+	err = membership.Check(rec)
+	if errors.Is(err, membership.ErrNoGroup) && adoptStarting(d, rec) {
+		err = membership.Check(rec)
 	}
-	if errors.Is(err, ErrNoGroup) && rec.State == statusfile.Starting && d.Exists(rundir.StdoutFile) {
+	if errors.Is(err, membership.ErrNoGroup) && rec.State == statusfile.Starting && d.Exists(rundir.StdoutFile) {
 		// The wrapper got as far as opening the job's logs, so the job may
 		// have been started, but nothing says which process it is: a
 		// `cancelled` record now could be a lie. Leave it unknown.
 		err = errors.New("its wrapper died while starting the job, after opening its logs and before recording its PID: whether the job runs cannot be told, so the run is not recorded as stopped")
 	}
-	if err != nil && !errors.Is(err, ErrNoGroup) {
+	if err != nil && !errors.Is(err, membership.ErrNoGroup) {
 		journal.Append(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
 		unlock()
 		return nil, fmt.Errorf("run %s: %w: %v", d.ID, ErrRefused, err)
@@ -107,9 +108,9 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	}
 	signalled := map[sent]bool{}
 	if rec.PGID > 1 {
-		send := func(sig unix.Signal, deadline time.Time) []Target {
+		send := func(sig unix.Signal, deadline time.Time) []membership.Member {
 			for {
-				ts, rejected, err := Live(rec)
+				ts, rejected, err := membership.Run{Record: rec}.Members()
 				if err != nil {
 					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot read /proc: %v\n", d.ID, err)
 					return nil
@@ -118,23 +119,23 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 				if len(ts) == 0 {
 					return nil
 				}
-				var fresh []Target
+				var fresh []membership.Member
 				for _, t := range ts {
 					if !signalled[sent{t.PID, sig}] {
 						fresh = append(fresh, t)
 					}
 				}
 				if sig == unix.SIGKILL && rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
-					journal.Append(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": PIDs(ts), "by": o.By}, false)
+					journal.Append(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ts), "by": o.By}, false)
 					if err := cgroup.Kill(rec.Cgroup); err != nil {
 						fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
 					}
 				}
 				if len(fresh) > 0 {
-					journal.Append(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": PIDs(fresh), "by": o.By}, false)
+					journal.Append(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(fresh), "by": o.By}, false)
 					for _, t := range fresh {
 						signalled[sent{t.PID, sig}] = true
-						if err := proc.Signal(t.Identity(rec), sig); err != nil && !errors.Is(err, proc.ErrGone) {
+						if err := proc.Signal(t.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
 							rep.Rejected = appendNew(rep.Rejected, []string{err.Error() + ": left alone"})
 						}
 					}
@@ -156,7 +157,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 			journal.Append(d, "signal_refused", journal.Fields{"by": o.By, "reasons": rep.Rejected}, false)
 		}
 		rep.Record = rec
-		survivors := PIDs(left)
+		survivors := pids(left)
 		if rec.Cgroup != "" && len(survivors) == 0 && cgroup.Valid(rec.Cgroup) {
 			cgroup.Remove(rec.Cgroup)
 		}
@@ -231,4 +232,13 @@ func appendInt(dst []int, v int) []int {
 		}
 	}
 	return append(dst, v)
+}
+
+// pids lists the members' PIDs.
+func pids(ms []membership.Member) []int {
+	out := make([]int, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.PID)
+	}
+	return out
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/agentrelay"
 	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 // Agent modes for Config.Agent.
@@ -119,7 +120,10 @@ func (s *supervisor) checkAgent(req agentrelay.Request) agentrelay.Decision {
 		CallerPID:   req.Caller.PID,
 		CallerStart: req.Caller.Start,
 		Refusal:     req.Refusal,
-	}, authority.InRun)
+	}, func(_ *statusfile.Record, pid int, start uint64) bool {
+		_, err := s.contains(pid, start)
+		return err == nil
+	})
 	if err != nil {
 		s.warn("ssh agent request refused: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -81,7 +82,7 @@ func (s *supervisor) launch() (int, error) {
 	if err != nil && cg != nil && cloneIntoCgroupUnsupported(err) {
 		cgroup.Remove(cg.Path)
 		cg, s.cg = nil, nil
-		s.rec.Boundary, s.rec.Cgroup = BoundarySubreaper, ""
+		s.rec.Boundary, s.rec.Cgroup = membership.BoundarySubreaper, ""
 		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
 		pid, err = syscall.ForkExec(path, argv, attr)
 	}
@@ -118,7 +119,7 @@ func (s *supervisor) launch() (int, error) {
 	s.leader, s.leaderStart = pid, st.Start
 	if cg != nil {
 		s.cgroup = cg.Path
-		s.rec.Boundary, s.rec.Cgroup = BoundaryCgroup, cg.Path
+		s.rec.Boundary, s.rec.Cgroup = membership.BoundaryCgroup, cg.Path
 	}
 	return 0, nil
 }
@@ -146,7 +147,7 @@ func (s *supervisor) launchFailed(code int, err error) *Result {
 		if err := cgroup.Remove(s.cg.Path); err != nil {
 			s.warn("cannot remove the run's cgroup: %v", err)
 		}
-		s.rec.Boundary, s.rec.Cgroup = BoundarySubreaper, ""
+		s.rec.Boundary, s.rec.Cgroup = membership.BoundarySubreaper, ""
 	}
 	s.rec.State = statusfile.LaunchFailed
 	s.rec.Error = err.Error()

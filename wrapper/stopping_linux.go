@@ -2,10 +2,7 @@ package wrapper
 
 import (
 	"errors"
-	"io"
-	"os"
 	"sort"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -13,38 +10,12 @@ import (
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
-	"github.com/agent-wrap/agent-wrap/rundir"
-	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 // How long to keep KILLing what is left before giving up and recording
 // survivors. KILL cannot be caught; only a process stuck in the kernel
 // (state D on a dead NFS mount, say) outlives it.
 const killWait = 10 * time.Second
-
-type supervisor struct {
-	cfg  Config
-	d    *rundir.Dir
-	rec  statusfile.Record
-	diag io.Writer
-	sigs chan os.Signal
-
-	self        int
-	leader      int // job leader PID == PGID == SID
-	leaderStart uint64
-
-	leaderExited bool
-	leaderCode   int
-	leaderSig    unix.Signal
-
-	escaped map[int]statusfile.Escaped // by PID; validated by start time
-	cgroup  string                     // the run's cgroup directory, if it has one
-	cg      *cgroup.Group              // created before the first record, until the fork
-
-	journalMu sync.Mutex
-
-	scope *scope // the run's authority (authority_linux.go)
-}
 
 // stopAll stops the group and every escaped descendant: TERM, wait for them
 // to die until the grace passes, then KILL until nothing is left. It returns
@@ -90,7 +61,7 @@ func pids(ts []target) []int {
 func (s *supervisor) signalAll(sig unix.Signal, ts []target) {
 	var group, esc []int
 	for _, t := range ts {
-		if t.escaped {
+		if t.Escaped {
 			esc = append(esc, t.PID)
 		} else {
 			group = append(group, t.PID)
@@ -123,10 +94,10 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target) {
 		}
 	}
 	for _, t := range ts {
-		if !t.escaped {
+		if !t.Escaped {
 			continue
 		}
-		err := proc.Signal(proc.Identity{PID: t.PID, Start: t.Start}, sig)
+		err := proc.Signal(t.Identity, sig)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
 			s.warn("signal %s to escaped %d: %v", proc.SignalName(sig), t.PID, err)
 		}

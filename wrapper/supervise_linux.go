@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,10 +22,39 @@ import (
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
+
+type supervisor struct {
+	cfg  Config
+	d    *rundir.Dir
+	rec  statusfile.Record
+	diag io.Writer
+	sigs chan os.Signal
+
+	self        int
+	leader      int // job leader PID == PGID == SID
+	leaderStart uint64
+
+	leaderExited bool
+	leaderCode   int
+	leaderSig    unix.Signal
+
+	escaped map[int]statusfile.Escaped // by PID; validated by start time
+	cgroup  string                     // the run's cgroup directory, if it has one
+	cg      *cgroup.Group              // created before the first record, until the fork
+
+	journalMu sync.Mutex
+
+	// view is a copy of the record for contains, which other goroutines
+	// call: set when the job has started and at each recorded escape.
+	view atomic.Pointer[statusfile.Record]
+
+	scope *scope // the run's authority (authority_linux.go)
+}
 
 // Run supervises one run from the claim of its ID to its final record. The
 // error is non-nil only when the ID could not be claimed (rundir.ErrExists
@@ -100,7 +131,7 @@ func (s *supervisor) run() *Result {
 		LeaseSeconds: cfg.Lease.Seconds(),
 		GraceSeconds: cfg.Grace.Seconds(),
 		OnHangup:     cfg.OnHangup,
-		Boundary:     BoundarySubreaper,
+		Boundary:     membership.BoundarySubreaper,
 	}
 	if cfg.Cgroup != CgroupOff {
 		// The job will start inside its own cgroup (clone3
@@ -110,9 +141,9 @@ func (s *supervisor) run() *Result {
 		// findable by cancel and the watchdog, and the run is recorded
 		// once before the fork, not twice (one fsync less on the way to
 		// the job's start).
-		if cg, err := cgroup.Create(fmt.Sprintf("%s.%d", cfg.ID, s.self)); err == nil {
+		if cg, err := cgroup.Create(membership.CgroupName(cfg.ID, s.self)); err == nil {
 			s.cg = cg
-			s.rec.Boundary, s.rec.Cgroup = BoundaryCgroup, cg.Path
+			s.rec.Boundary, s.rec.Cgroup = membership.BoundaryCgroup, cg.Path
 		}
 	}
 	s.writeRecord(false)
@@ -156,6 +187,7 @@ func (s *supervisor) run() *Result {
 	}
 	s.journal("started", started, false)
 	s.writeRecord(false) // not terminal: see statusfile.Write
+	s.publish()
 	s.markLive()
 	if cfg.Running != nil {
 		r := s.rec

@@ -1,89 +1,74 @@
 package wrapper
 
 import (
+	"slices"
+
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// target is a process the stop must end: a member of the job's group, or a
-// descendant that escaped it.
-type target struct {
-	proc.Stat
-	escaped bool
+// A target is a process the stop must end: a member of the job's group, or
+// a descendant that escaped it. Which processes those are is membership's
+// answer, asked as the run's own wrapper (membership.Run.Supervisor).
+type target = membership.Member
+
+// members is the run as membership judges it from this wrapper: the live
+// record, with the wrapper's own PID. Only the supervisor's goroutine may
+// use it (it reads s.rec); other goroutines use contains.
+func (s *supervisor) members() membership.Run {
+	return membership.Run{Record: &s.rec, Supervisor: s.self}
+}
+
+// contains reports whether pid, seen with start time start, is a live
+// process of this run (see membership.Run.Contains). Safe from any
+// goroutine: it judges a copy of the record taken when the job started and
+// at each recorded escape.
+func (s *supervisor) contains(pid int, start uint64) (membership.Member, error) {
+	rec := s.view.Load()
+	if rec == nil {
+		return membership.Member{}, membership.ErrNotMember
+	}
+	return membership.Run{Record: rec, Supervisor: s.self}.Contains(pid, start)
+}
+
+// publish makes the current record the one contains judges by.
+func (s *supervisor) publish() {
+	r := s.rec
+	r.Escaped = slices.Clone(s.rec.Escaped)
+	r.Command = nil
+	s.view.Store(&r)
 }
 
 // scan reads the process table once: it reaps zombie children other than
-// the leader, records new escapes (when record is set) and returns the live
-// targets.
-func (s *supervisor) scan(record bool) []target {
+// the leader, records new escapes and returns the live targets.
+func (s *supervisor) scan() []target {
 	all, err := proc.Scan()
 	if err != nil {
 		s.warn("cannot read /proc: %v", err)
 		return nil
 	}
-	children := map[int][]int{}
-	byPID := make(map[int]proc.Stat, len(all))
-	for _, p := range all {
-		byPID[p.PID] = p
-		children[p.PPID] = append(children[p.PPID], p.PID)
-	}
-	// Descendants: as subreaper, every orphan of the job is reparented to
-	// us, so the tree below us is the job's whole tree.
-	desc := map[int]bool{}
-	queue := []int{s.self}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			if !desc[c] {
-				desc[c] = true
-				queue = append(queue, c)
-			}
-		}
-	}
-	inCgroup := map[int]bool{}
-	if s.cgroup != "" {
-		pids, _ := cgroup.Procs(s.cgroup)
-		for _, p := range pids {
-			inCgroup[p] = true
-		}
-	}
-	var out []target
 	for _, p := range all {
 		if p.PPID == s.self && p.Dead() && p.PID != s.leader {
 			var ws unix.WaitStatus
 			_, _ = unix.Wait4(p.PID, &ws, unix.WNOHANG, nil)
-			continue
-		}
-		if p.Dead() || p.PID == s.self {
-			continue
-		}
-		inGroup := p.PGID == s.leader && p.SID == s.leader && p.Start >= s.leaderStart
-		if inGroup {
-			out = append(out, target{Stat: p})
-			continue
-		}
-		if desc[p.PID] {
-			if record {
-				s.noteEscape(p)
-			}
-			out = append(out, target{Stat: p, escaped: true})
-			continue
-		}
-		// Escaped earlier and since reparented away from us (cannot happen
-		// while we are its subreaper, but the record is the authority), or
-		// in the run's cgroup, which nothing leaves by forking.
-		if e, ok := s.escaped[p.PID]; ok && e.Start == p.Start {
-			out = append(out, target{Stat: p, escaped: true})
-		} else if inCgroup[p.PID] {
-			out = append(out, target{Stat: p, escaped: true})
 		}
 	}
+	out, _ := s.members().Judge(all)
+	s.noteEscapes(out)
 	return out
+}
+
+// noteEscapes records each escaped target not recorded yet.
+func (s *supervisor) noteEscapes(ts []target) {
+	for _, t := range ts {
+		if t.Escaped {
+			s.noteEscape(t.Stat)
+		}
+	}
 }
 
 // noteEscape journals and records a descendant outside the job's group.
@@ -96,6 +81,7 @@ func (s *supervisor) noteEscape(p proc.Stat) {
 	s.escaped[p.PID] = e
 	s.journal("escaped", journal.Fields{"pid": p.PID, "pgid": p.PGID, "sid": p.SID, "start": p.Start, "argv": argv}, true)
 	s.rec.Escaped = append(s.rec.Escaped, e)
+	s.publish()
 	s.writeRecord(false) // the synced journal line is the durable fact
 }
 
@@ -107,38 +93,13 @@ func (s *supervisor) liveTargets() []target { return s.scanFast() }
 // is scan.
 func (s *supervisor) scanFast() []target {
 	if s.cgroup == "" {
-		return s.scan(true)
+		return s.scan()
 	}
-	pids, err := cgroup.Procs(s.cgroup)
-	if err != nil {
-		return s.scan(true)
+	out, ok := s.members().CgroupMembers()
+	if !ok {
+		return s.scan()
 	}
-	seen := map[int]bool{}
-	var out []target
-	for _, pid := range pids {
-		if pid == s.self {
-			continue
-		}
-		p, err := proc.ReadStat(pid)
-		if err != nil || p.Dead() {
-			continue
-		}
-		seen[pid] = true
-		if p.PGID == s.leader && p.SID == s.leader && p.Start >= s.leaderStart {
-			out = append(out, target{Stat: p})
-			continue
-		}
-		s.noteEscape(p)
-		out = append(out, target{Stat: p, escaped: true})
-	}
-	for pid, e := range s.escaped {
-		if seen[pid] {
-			continue
-		}
-		if p, err := proc.ReadStat(pid); err == nil && !p.Dead() && p.Start == e.Start {
-			out = append(out, target{Stat: p, escaped: true})
-		}
-	}
+	s.noteEscapes(out)
 	return out
 }
 

@@ -45,12 +45,6 @@ const (
 	CgroupOff  = "off"
 )
 
-// Boundaries recorded in status.json: what contained the run.
-const (
-	BoundarySubreaper = "session+subreaper"
-	BoundaryCgroup    = "cgroup"
-)
-
 // Config is one run to supervise.
 type Config struct {
 	Root *rundir.Root
