@@ -3,7 +3,7 @@
 // a token broker, a proxy): may this process act now, on behalf of this
 // run? and it journals each answer as an `action` event.
 //
-// Guarantees of Decide:
+// Guarantees of Gate.Decide:
 //   - The answer is decided and journaled under the run's lock, the lock
 //     under which the wrapper, cancel and the watchdog record an intent
 //     (cancel_requested, deadline_expired) and renew moves the deadline. So
@@ -93,10 +93,29 @@ func (d Decision) Allowed() bool { return d.Decision == Accepted }
 // the processes of the run whose record is rec.
 type Member func(rec *statusfile.Record, pid int, start uint64) bool
 
+// Gate is where one run's requests are decided.
+type Gate struct {
+	// Dir is the run's directory.
+	Dir *rundir.Dir
+	// Member judges the caller: InRun for a gateway outside the wrapper,
+	// the wrapper's own view inside it.
+	Member Member
+	// Append journals an event; nil appends through a descriptor opened
+	// for the line (journal.Append). The wrapper passes its own journal.
+	Append func(event string, f journal.Fields, sync bool) (int64, error)
+}
+
 // Decide answers a under the run's lock and journals the answer (synced
 // when accepted). The error is non-nil when the answer could not be
 // journaled (the decision is then a refusal) or the lock not taken.
-func Decide(d *rundir.Dir, a Action, member Member) (Decision, error) {
+func (g Gate) Decide(a Action) (Decision, error) {
+	d, member := g.Dir, g.Member
+	appendEvent := g.Append
+	if appendEvent == nil {
+		appendEvent = func(event string, f journal.Fields, sync bool) (int64, error) {
+			return journal.Append(d, event, f, sync)
+		}
+	}
 	dec := Decision{RunID: d.ID, Decision: Refused}
 	unlock, err := d.Lock()
 	if err != nil {
@@ -140,7 +159,7 @@ func Decide(d *rundir.Dir, a Action, member Member) (Decision, error) {
 	if a.Target != "" {
 		f["target"] = a.Target
 	}
-	seq, jerr := journal.Append(d, EventAction, f, dec.Allowed())
+	seq, jerr := appendEvent(EventAction, f, dec.Allowed())
 	if jerr != nil {
 		dec.Decision, dec.Reason, dec.Seq = Refused, ReasonNoJournal, 0
 		return dec, fmt.Errorf("run %s: %w", d.ID, jerr)

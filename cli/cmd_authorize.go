@@ -81,7 +81,8 @@ func runAuthorize(e *Env, args []string) int {
 	}
 	defer d.Close()
 	waitStarted(d)
-	dec, err := authority.Decide(d, authority.Action{Channel: *channel, Target: *target, CallerPID: p, CallerStart: st.Start}, authority.InRun)
+	gate := authority.Gate{Dir: d, Member: authority.InRun}
+	dec, err := gate.Decide(authority.Action{Channel: *channel, Target: *target, CallerPID: p, CallerStart: st.Start})
 	_ = out.Encode(dec)
 	if err != nil {
 		e.errorf("%v", err)

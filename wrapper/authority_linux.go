@@ -50,6 +50,7 @@ type scope struct {
 	mode     string
 	upstream string
 	relay    *agentrelay.Relay
+	gate     authority.Gate // decides each request
 
 	live     chan struct{} // closed once the run is recorded running, or will never be
 	liveOnce sync.Once
@@ -61,6 +62,10 @@ type scope struct {
 func (s *supervisor) startAuthority() error {
 	upstream := os.Getenv(EnvAuthSock)
 	s.scope = &scope{mode: AgentMode(s.cfg.Agent, upstream), upstream: upstream, live: make(chan struct{})}
+	s.scope.gate = authority.Gate{Dir: s.d, Member: func(_ *statusfile.Record, pid int, start uint64) bool {
+		_, err := s.contains(pid, start)
+		return err == nil
+	}}
 	switch s.scope.mode {
 	case AgentInherit:
 		s.journal("agent_inherited", nil, false)
@@ -113,16 +118,13 @@ func (s *supervisor) markLive() {
 // job whose first act is `ssh-add -l` is not refused as not running.
 func (s *supervisor) checkAgent(req agentrelay.Request) agentrelay.Decision {
 	<-s.scope.live
-	dec, err := authority.Decide(s.d, authority.Action{
+	dec, err := s.scope.gate.Decide(authority.Action{
 		Channel:     authority.ChannelSSHAgent,
 		Request:     req.Name,
 		Key:         req.Key,
 		CallerPID:   req.Caller.PID,
 		CallerStart: req.Caller.Start,
 		Refusal:     req.Refusal,
-	}, func(_ *statusfile.Record, pid int, start uint64) bool {
-		_, err := s.contains(pid, start)
-		return err == nil
 	})
 	if err != nil {
 		s.warn("ssh agent request refused: %v", err)
