@@ -657,3 +657,29 @@ func TestExampleGitCredentialHelper(t *testing.T) {
 	}
 	assertNothingSecret(t, r, "tok-3141592653")
 }
+
+// The socket path works for a long root and a 128-character run ID, whose
+// run directory is too long for a socket address: the relay listens on a
+// short path in a private per-user directory, and removes it at the end.
+func TestScopedAgentLongPath(t *testing.T) {
+	a := agenttest.Start(t)
+	root := filepath.Join(t.TempDir(), strings.Repeat("deep", 20), "runs")
+	id := strings.Repeat("x", 127) + "1"
+	c, r := run(t, root, a.Sock, "--lease", "5m", id, "--", "sh", "-c", `echo "$SSH_AUTH_SOCK"; ssh-add -l`)
+	if code := c.Wait(t); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, c.Stdout.String(), c.Stderr.String())
+	}
+	rec := r.MustStatus(t)
+	lines := strings.Split(strings.TrimSpace(c.Stdout.String()), "\n")
+	if len(lines) != 2 || lines[0] != rec.AgentSocket || len(rec.AgentSocket) > 107 ||
+		strings.HasPrefix(rec.AgentSocket, root) || !strings.Contains(lines[1], a.Fingerprint) {
+		t.Fatalf("socket %q (%d bytes), output:\n%s", rec.AgentSocket, len(rec.AgentSocket), c.Stdout.String())
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Dir(rec.AgentSocket), &st); err != nil || st.Mode&0o777 != 0o700 || int(st.Uid) != os.Geteuid() {
+		t.Fatalf("socket directory mode %o uid %d: %v", st.Mode&0o777, st.Uid, err)
+	}
+	if _, err := os.Lstat(rec.AgentSocket); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+}
