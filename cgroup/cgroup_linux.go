@@ -29,9 +29,9 @@ import (
 // runs' cgroups.
 const Parent = "agent-wrap"
 
-// ErrUnavailable is returned (wrapped) when no writable cgroup v2 subtree
+// errUnavailable is returned (wrapped) when no writable cgroup v2 subtree
 // is available.
-var ErrUnavailable = errors.New("no writable cgroup v2 subtree")
+var errUnavailable = errors.New("no writable cgroup v2 subtree")
 
 // Mount returns the cgroup2 mount point from /proc/self/mountinfo.
 func Mount() (string, error) {
@@ -54,7 +54,7 @@ func Mount() (string, error) {
 			return unescapeMount(pre[4]), nil
 		}
 	}
-	return "", fmt.Errorf("%w: no cgroup2 mount", ErrUnavailable)
+	return "", fmt.Errorf("%w: no cgroup2 mount", errUnavailable)
 }
 
 func unescapeMount(s string) string {
@@ -88,7 +88,7 @@ func Self() (string, error) {
 			return string(rest), nil
 		}
 	}
-	return "", fmt.Errorf("%w: not in a cgroup v2 hierarchy", ErrUnavailable)
+	return "", fmt.Errorf("%w: not in a cgroup v2 hierarchy", errUnavailable)
 }
 
 // Group is one run's cgroup.
@@ -110,16 +110,16 @@ func Create(name string) (*Group, error) {
 	}
 	parent := filepath.Join(mnt, self, Parent)
 	if err := unix.Mkdir(parent, 0o755); err != nil && err != unix.EEXIST {
-		return nil, fmt.Errorf("%w: mkdir %s: %v", ErrUnavailable, parent, err)
+		return nil, fmt.Errorf("%w: mkdir %s: %v", errUnavailable, parent, err)
 	}
 	path := filepath.Join(parent, name)
 	if err := unix.Mkdir(path, 0o755); err != nil {
-		return nil, fmt.Errorf("%w: mkdir %s: %v", ErrUnavailable, path, err)
+		return nil, fmt.Errorf("%w: mkdir %s: %v", errUnavailable, path, err)
 	}
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Rmdir(path)
-		return nil, fmt.Errorf("%w: open %s: %v", ErrUnavailable, path, err)
+		return nil, fmt.Errorf("%w: open %s: %v", errUnavailable, path, err)
 	}
 	return &Group{Path: path, fd: fd}, nil
 }

@@ -6,9 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agent-wrap/agent-wrap/reconcile"
+	"github.com/agent-wrap/agent-wrap/gc"
 	"github.com/agent-wrap/agent-wrap/rundir"
-	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 func init() {
@@ -83,60 +82,20 @@ func runGC(e *Env, args []string) int {
 	return exit
 }
 
-// collect removes one run if it may be removed; false means removal failed.
+// collect removes one run if gc's rule allows it; false means removal
+// failed.
 func (e *Env) collect(root *rundir.Root, id string, cutoff time.Time, dry bool) bool {
-	d, err := root.Open(id)
-	if err != nil {
-		e.errorf("gc: kept %s: %v", id, err)
-		return true
-	}
-	defer d.Close()
-	// A run that ended too recently is kept without judging it: judging
-	// scans the process table, and most runs under a root are such runs.
-	if rec, err := statusfile.Read(d); err == nil && statusfile.Terminal(rec.State) {
-		if ended, err := time.Parse(time.RFC3339Nano, rec.EndedAt); err == nil && ended.After(cutoff) {
-			return true
-		}
-	}
-	v := reconcile.Decide(reconcile.Gather(d))
+	res, err := gc.Collect(root, id, cutoff, dry)
 	switch {
-	case v.Outcome == reconcile.Unknown:
-		e.errorf("gc: kept %s: outcome unknown: %s", id, v.Reason)
-		return true
-	case v.Outcome != reconcile.Completed && v.Outcome != reconcile.Cancelled:
-		return true // live
-	case v.Supervisor == reconcile.SupervisorAlive:
-		return true // over, but its wrapper is still draining: next time
-	}
-	// Decide again under the run's lock, from the record, so nothing
-	// changes between the decision and the removal.
-	unlock, err := d.Lock()
-	if err != nil {
-		e.errorf("gc: kept %s: %v", id, err)
-		return true
-	}
-	defer unlock()
-	rec, err := statusfile.Read(d)
-	if err != nil || !statusfile.Terminal(rec.State) {
-		return true
-	}
-	ended, err := time.Parse(time.RFC3339Nano, rec.EndedAt)
-	if err != nil {
-		e.errorf("gc: kept %s: its ended_at %q is not a time: %v", id, rec.EndedAt, err)
-		return true
-	}
-	if ended.After(cutoff) {
-		return true
-	}
-	line := fmt.Sprintf("%s (%s, exit %d, ended %s)", id, rec.State, rec.Code(), rec.EndedAt)
-	if dry {
-		fmt.Fprintln(e.Stdout, "would remove "+line)
-		return true
-	}
-	if err := root.RemoveAll(id); err != nil {
-		e.errorf("gc: cannot remove %s: %v", id, err)
+	case err != nil:
+		e.errorf("gc: %v", err)
 		return false
+	case res.Kept != "":
+		e.errorf("gc: kept %s: %s", id, res.Kept)
+	case res.Removed && dry:
+		fmt.Fprintln(e.Stdout, "would remove "+res.Line)
+	case res.Removed:
+		fmt.Fprintln(e.Stdout, "removed "+res.Line)
 	}
-	fmt.Fprintln(e.Stdout, "removed "+line)
 	return true
 }

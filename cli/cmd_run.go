@@ -140,17 +140,6 @@ func runRun(e *Env, args []string) int {
 	return res.Code
 }
 
-// runDetached is --detach; its implementation lives with the detach support.
-var detachHook func(e *Env, id string, argv []string, rf runFlags) int
-
-func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
-	if detachHook == nil {
-		e.errorf("--detach is not supported by this build")
-		return ExitUsage
-	}
-	return detachHook(e, id, argv, rf)
-}
-
 // existingRun answers a second `run` with an ID already claimed: the command
 // never runs twice. A terminal run returns its recorded code; a live or
 // unknown one exits 75 with what to do instead.

@@ -10,8 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/deploy"
-	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/watchdog"
 )
 
 func init() {
@@ -53,7 +53,7 @@ func runWatchdog(e *Env, args []string) int {
 	var unlock func()
 	for waited := false; ; waited = true {
 		var err error
-		unlock, err = root.TryLock(lease.WatchdogLock)
+		unlock, err = root.TryLock(watchdog.LockFile)
 		if err == nil {
 			break
 		}
@@ -84,7 +84,7 @@ func runWatchdog(e *Env, args []string) int {
 
 	enc := json.NewEncoder(e.Stdout)
 	pass := func() {
-		acts, err := lease.Pass(root, lease.WatchOptions{Grace: time.Duration(grace), Progress: ping})
+		acts, err := watchdog.Pass(root, watchdog.Options{Grace: time.Duration(grace), Progress: ping})
 		if err != nil {
 			e.errorf("watchdog pass over %s: %v", root.Path, err)
 		}

@@ -33,12 +33,11 @@ import (
 // is close-on-exec by the time the job starts (the wrapper marks every fd
 // from 3 up close-on-exec before it forks the job).
 
-func init() { detachHook = runDetach }
-
 // detachFD is the descriptor number the supervisor reports on.
 const detachFD = 3
 
-func runDetach(e *Env, id string, argv []string, rf runFlags) int {
+// runDetached is run --detach.
+func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
 	root, code := e.openRoot(true)
 	if root == nil {
 		return code

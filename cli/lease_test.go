@@ -19,6 +19,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/watchdog"
 )
 
 func aw(t *testing.T, root string, args ...string) (int, string, string) {
@@ -100,7 +101,7 @@ func TestWatchdogStopsOrphanedRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("watchdog: exit %d: %s", code, stderr)
 	}
-	var act lease.Action
+	var act watchdog.Action
 	if err := json.Unmarshal([]byte(out), &act); err != nil || act.Action != "stopped" || act.RunID != "orphan" {
 		t.Fatalf("watchdog output %q (%v)", out, err)
 	}
@@ -326,9 +327,9 @@ func TestWatchdogSkipsBrokenRuns(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	acts := map[string]lease.Action{}
+	acts := map[string]watchdog.Action{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		var a lease.Action
+		var a watchdog.Action
 		if err := json.Unmarshal([]byte(line), &a); err != nil {
 			t.Fatalf("not a JSON line: %q", line)
 		}

@@ -12,8 +12,8 @@ import (
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
-// Now returns the wall clock and CLOCK_BOOTTIME in nanoseconds.
-func Now() (time.Time, int64) {
+// now returns the wall clock and CLOCK_BOOTTIME in nanoseconds.
+func now() (time.Time, int64) {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 	return time.Now().UTC(), ts.Nano()
@@ -42,7 +42,7 @@ func Append(d *rundir.Dir, event string, f Fields, sync bool) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("journal %s: %w", file.Name(), err)
 	}
-	at, mono := Now()
+	at, mono := now()
 	line, err := encode(seq+1, at, mono, event, f, prev)
 	if err != nil {
 		return 0, err

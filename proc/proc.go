@@ -34,9 +34,9 @@ func (s Stat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
 // ErrGone is returned (wrapped) when the process does not exist.
 var ErrGone = errors.New("no such process")
 
-// ErrMismatch is returned (wrapped) when a process exists but is not the
+// errMismatch is returned (wrapped) when a process exists but is not the
 // one recorded: another start time, group or session.
-var ErrMismatch = errors.New("process identity mismatch")
+var errMismatch = errors.New("process identity mismatch")
 
 // Identity is a recorded process: what a signal must match.
 type Identity struct {
@@ -53,15 +53,15 @@ type Identity struct {
 func (id Identity) Check(s Stat) error {
 	switch {
 	case s.PID != id.PID:
-		return fmt.Errorf("pid %d: %w: stat is for pid %d", id.PID, ErrMismatch, s.PID)
+		return fmt.Errorf("pid %d: %w: stat is for pid %d", id.PID, errMismatch, s.PID)
 	case id.Start != 0 && s.Start != id.Start:
-		return fmt.Errorf("pid %d: %w: started at tick %d, recorded %d (PID reused)", id.PID, ErrMismatch, s.Start, id.Start)
+		return fmt.Errorf("pid %d: %w: started at tick %d, recorded %d (PID reused)", id.PID, errMismatch, s.Start, id.Start)
 	case id.PGID != 0 && s.PGID != id.PGID:
-		return fmt.Errorf("pid %d: %w: process group %d, recorded %d", id.PID, ErrMismatch, s.PGID, id.PGID)
+		return fmt.Errorf("pid %d: %w: process group %d, recorded %d", id.PID, errMismatch, s.PGID, id.PGID)
 	case id.SID != 0 && s.SID != id.SID:
-		return fmt.Errorf("pid %d: %w: session %d, recorded %d", id.PID, ErrMismatch, s.SID, id.SID)
+		return fmt.Errorf("pid %d: %w: session %d, recorded %d", id.PID, errMismatch, s.SID, id.SID)
 	case id.MinStart != 0 && s.Start < id.MinStart:
-		return fmt.Errorf("pid %d: %w: started at tick %d, before the run's leader (%d)", id.PID, ErrMismatch, s.Start, id.MinStart)
+		return fmt.Errorf("pid %d: %w: started at tick %d, before the run's leader (%d)", id.PID, errMismatch, s.Start, id.MinStart)
 	}
 	return nil
 }

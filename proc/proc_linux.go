@@ -162,10 +162,10 @@ func havePidfd() bool {
 // process now at id.PID is that process. With pidfds, the process is pinned
 // before the check, so a recycled PID can never receive the signal. A
 // process that is gone is ErrGone; one that no longer matches is
-// ErrMismatch, and nothing is sent.
+// errMismatch, and nothing is sent.
 func Signal(id Identity, sig unix.Signal) error {
 	if id.PID <= 1 {
-		return fmt.Errorf("pid %d: refusing to signal: %w", id.PID, ErrMismatch)
+		return fmt.Errorf("pid %d: refusing to signal: %w", id.PID, errMismatch)
 	}
 	if havePidfd() {
 		fd, err := unix.PidfdOpen(id.PID, 0)

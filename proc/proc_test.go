@@ -56,12 +56,12 @@ func TestSignalValidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = Signal(Identity{PID: st.PID, Start: st.Start + 1}, unix.SIGKILL)
-	if !errors.Is(err, ErrMismatch) {
-		t.Fatalf("wrong start time: %v, want ErrMismatch", err)
+	if !errors.Is(err, errMismatch) {
+		t.Fatalf("wrong start time: %v, want errMismatch", err)
 	}
 	err = Signal(Identity{PID: st.PID, Start: st.Start, PGID: st.PGID + 1}, unix.SIGKILL)
-	if !errors.Is(err, ErrMismatch) {
-		t.Fatalf("wrong group: %v, want ErrMismatch", err)
+	if !errors.Is(err, errMismatch) {
+		t.Fatalf("wrong group: %v, want errMismatch", err)
 	}
 	if s, _ := ReadStat(st.PID); s.Dead() {
 		t.Fatal("signalled despite the mismatch")
@@ -81,7 +81,7 @@ func TestSignalValidates(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := Signal(Identity{PID: 1}, unix.SIGTERM); !errors.Is(err, ErrMismatch) {
+	if err := Signal(Identity{PID: 1}, unix.SIGTERM); !errors.Is(err, errMismatch) {
 		t.Fatalf("pid 1 must never be signalled: %v", err)
 	}
 }

@@ -14,11 +14,11 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// LockWait is how long Gather waits for a shared hold on the run's lock, so
+// lockWait is how long Gather waits for a shared hold on the run's lock, so
 // that it never reads a record in the middle of a state transition. When
 // another process (cancel's or the watchdog's stop, say) holds it longer,
 // Gather reads without it and says so (Input.LockBusy).
-const LockWait = time.Second
+const lockWait = time.Second
 
 // Gather collects the evidence about the run in d from its files and the
 // real /proc. It only reads: the lock is taken shared, through a read-only
@@ -29,7 +29,7 @@ const LockWait = time.Second
 // two looks, say), the evidence is gathered again, so a verdict never mixes
 // an old record with newer processes.
 func Gather(d *rundir.Dir) Input {
-	unlock, busy := rlock(d)
+	unlock, busy := d.RLock(lockWait)
 	defer unlock()
 	var in Input
 	for attempt := 0; attempt < 3; attempt++ {
@@ -94,34 +94,4 @@ func gatherOnce(d *rundir.Dir) Input {
 			State: string(rune(t.State)), Comm: t.Comm, Escaped: t.Escaped})
 	}
 	return in
-}
-
-// rlock takes the run's lock shared, waiting at most LockWait. busy is true
-// when someone held it exclusively all that time. A missing lock file means
-// no one ever locked the run: nothing to wait for.
-func rlock(d *rundir.Dir) (unlock func(), busy bool) {
-	f, err := d.OpenFile(rundir.LockFile, unix.O_RDONLY, 0)
-	if err != nil {
-		return func() {}, false
-	}
-	deadline := time.Now().Add(LockWait)
-	wait := time.Millisecond
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, false
-		}
-		if err != unix.EWOULDBLOCK && err != unix.EINTR {
-			f.Close()
-			return func() {}, false
-		}
-		if time.Now().After(deadline) {
-			f.Close()
-			return func() {}, true
-		}
-		time.Sleep(wait)
-		if wait < 50*time.Millisecond {
-			wait *= 2
-		}
-	}
 }

@@ -115,20 +115,20 @@ type Verdict struct {
 
 // Exit codes of the reconcile command for one verdict.
 const (
-	ExitDecided = 0 // completed or cancelled
-	ExitRunning = 3
-	ExitUnknown = 4
+	exitDecided = 0 // completed or cancelled
+	exitRunning = 3
+	exitUnknown = 4
 )
 
 // OutcomeExit maps an outcome to reconcile's exit code.
 func OutcomeExit(outcome string) int {
 	switch outcome {
 	case Completed, Cancelled:
-		return ExitDecided
+		return exitDecided
 	case Running:
-		return ExitRunning
+		return exitRunning
 	}
-	return ExitUnknown
+	return exitUnknown
 }
 
 // Worst combines exit codes of several verdicts: unknown (4) wins over
@@ -138,9 +138,9 @@ func OutcomeExit(outcome string) int {
 func Worst(a, b int) int {
 	rank := func(c int) int {
 		switch c {
-		case ExitUnknown:
+		case exitUnknown:
 			return 2
-		case ExitRunning:
+		case exitRunning:
 			return 1
 		}
 		return 0

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/renameio/v2"
 	"golang.org/x/sys/unix"
@@ -312,6 +313,41 @@ func (d *Dir) Lock() (unlock func(), err error) {
 		return nil, &os.PathError{Op: "flock", Path: f.Name(), Err: err}
 	}
 	return func() { f.Close() }, nil
+}
+
+// RLock takes the run's lock shared, for a reader that must not see a
+// state transition half done, waiting at most wait (polling, since a
+// reader never queues behind writers). It never creates the lock file and
+// opens it read-only: a missing lock file means no one ever locked the run,
+// and unlock is a no-op. busy is true when someone held the lock
+// exclusively all that time; the caller then reads without it, and says
+// so. Any other failure to lock is not reported: the caller reads as if the
+// run had no lock file.
+func (d *Dir) RLock(wait time.Duration) (unlock func(), busy bool) {
+	f, err := d.OpenFile(LockFile, unix.O_RDONLY, 0)
+	if err != nil {
+		return func() {}, false
+	}
+	deadline := time.Now().Add(wait)
+	pause := time.Millisecond
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, false
+		}
+		if err != unix.EWOULDBLOCK && err != unix.EINTR {
+			f.Close()
+			return func() {}, false
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return func() {}, true
+		}
+		time.Sleep(pause)
+		if pause < 50*time.Millisecond {
+			pause *= 2
+		}
+	}
 }
 
 // RemoveAll deletes the run directory id and everything in it. The caller

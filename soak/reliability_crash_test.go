@@ -24,6 +24,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/watchdog"
 )
 
 // The phases of a run's life at which its wrapper is SIGKILLed.
@@ -147,8 +148,8 @@ func crashBatch(t *testing.T, b int, runs []*crashRun, rng *rand.Rand, stats map
 	last := time.Now()
 	for _, r := range runs {
 		// A run whose wrapper died before it wrote deadline_epoch is
-		// stopped from created_at + lease + lease.ActAfter.
-		dl := r.started.Add(crashLease*time.Second + lease.ActAfter + time.Second)
+		// stopped from created_at + lease + watchdog.ActAfter.
+		dl := r.started.Add(crashLease*time.Second + watchdog.ActAfter + time.Second)
 		if b, err := os.ReadFile(filepath.Join(root, r.id, rundir.DeadlineFile)); err == nil {
 			if v, err := lease.ParseDeadline(b); err == nil {
 				dl = time.Unix(v, 0)

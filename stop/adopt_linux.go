@@ -24,7 +24,7 @@ import (
 // instead of the leader's. A PID now used by anything else is left alone.
 // It reports whether rec was changed; the caller holds the run's lock and
 // has checked that the record is from this boot.
-func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
+func adoptStarting(d *rundir.Dir, rec *statusfile.Record, o Options) bool {
 	if rec.PGID > 1 || rec.State != statusfile.Starting || rec.WrapperStart == 0 {
 		return false
 	}
@@ -64,7 +64,7 @@ func adoptStarting(d *rundir.Dir, rec *statusfile.Record) bool {
 			f["cgroup"] = cg
 		}
 	}
-	journal.Append(d, "adopted", f, true)
+	o.journal(d, "adopted", f, true)
 	return true
 }
 

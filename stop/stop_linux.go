@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -15,11 +16,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
-
-// KillWait bounds how long KILL is repeated before the survivors are
-// recorded. KILL cannot be caught; only a process stuck in the kernel
-// outlives it.
-const KillWait = 10 * time.Second
 
 // Options describe a stop performed from outside the wrapper.
 type Options struct {
@@ -70,7 +66,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		return rep, nil
 	}
 	err = membership.Check(rec)
-	if errors.Is(err, membership.ErrNoGroup) && adoptStarting(d, rec) {
+	if errors.Is(err, membership.ErrNoGroup) && adoptStarting(d, rec, o) {
 		err = membership.Check(rec)
 	}
 	if errors.Is(err, membership.ErrNoGroup) && rec.State == statusfile.Starting && d.Exists(rundir.StdoutFile) {
@@ -80,104 +76,76 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		err = errors.New("its wrapper died while starting the job, after opening its logs and before recording its PID: whether the job runs cannot be told, so the run is not recorded as stopped")
 	}
 	if err != nil && !errors.Is(err, membership.ErrNoGroup) {
-		journal.Append(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
+		o.journal(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
 		unlock()
 		return nil, fmt.Errorf("run %s: %w: %v", d.ID, ErrRefused, err)
 	}
-	if rec.State != statusfile.Cancelling || rec.Cause == "" {
-		f := journal.Fields{"cause": o.Cause, "by": o.By}
-		for k, v := range o.Fields {
-			f[k] = v
-		}
-		if _, err := journal.Append(d, o.Intent, f, true); err != nil {
-			// The intent must be on disk before any signal.
-			unlock()
-			return nil, fmt.Errorf("run %s: cannot journal the intent, so nothing was signalled: %w", d.ID, err)
-		}
-		rec.State, rec.Cause = statusfile.Cancelling, o.Cause
-		if err := statusfile.Write(d, rec, false); err != nil {
-			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot write status.json: %v (stopping anyway: the intent is journaled)\n", d.ID, err)
-		}
+	f := journal.Fields{"by": o.By}
+	for k, v := range o.Fields {
+		f[k] = v
 	}
-	cause := rec.Cause
+	cause, err := Intend(d, rec, o.Intent, o.Cause, f, writeRecord(d))
+	if errors.Is(err, errNotJournaled) {
+		unlock()
+		return nil, fmt.Errorf("run %s: %w, so nothing was signalled", d.ID, err)
+	}
+	if err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v (stopping anyway)\n", d.ID, err)
+	}
 	unlock()
-
-	type sent struct {
-		pid int
-		sig unix.Signal
-	}
-	signalled := map[sent]bool{}
-	if rec.PGID > 1 {
-		send := func(sig unix.Signal, deadline time.Time) []membership.Member {
-			for {
-				ts, rejected, err := membership.Run{Record: rec}.Members()
-				if err != nil {
-					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot read /proc: %v\n", d.ID, err)
-					return nil
-				}
-				rep.Rejected = appendNew(rep.Rejected, rejected)
-				if len(ts) == 0 {
-					return nil
-				}
-				var fresh []membership.Member
-				for _, t := range ts {
-					if !signalled[sent{t.PID, sig}] {
-						fresh = append(fresh, t)
-					}
-				}
-				if sig == unix.SIGKILL && rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
-					journal.Append(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ts), "by": o.By}, false)
-					if err := cgroup.Kill(rec.Cgroup); err != nil {
-						fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
-					}
-				}
-				if len(fresh) > 0 {
-					journal.Append(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(fresh), "by": o.By}, false)
-					for _, t := range fresh {
-						signalled[sent{t.PID, sig}] = true
-						if err := proc.Signal(t.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
-							rep.Rejected = appendNew(rep.Rejected, []string{err.Error() + ": left alone"})
-						}
-					}
-				}
-				if time.Now().After(deadline) {
-					return ts
-				}
-				time.Sleep(backoff(deadline))
-			}
-		}
-		left := send(unix.SIGTERM, time.Now().Add(o.Grace))
-		if len(left) > 0 {
-			left = send(unix.SIGKILL, time.Now().Add(KillWait))
-		}
-		for k := range signalled {
-			rep.Signalled = appendInt(rep.Signalled, k.pid)
-		}
-		if len(rep.Rejected) > 0 {
-			journal.Append(d, "signal_refused", journal.Fields{"by": o.By, "reasons": rep.Rejected}, false)
-		}
-		rep.Record = rec
-		survivors := pids(left)
-		if rec.Cgroup != "" && len(survivors) == 0 && cgroup.Valid(rec.Cgroup) {
-			cgroup.Remove(rec.Cgroup)
-		}
-		return finalize(d, rep, cause, survivors, o)
-	}
 	rep.Record = rec
-	return finalize(d, rep, cause, nil, o)
+	if rec.PGID <= 1 {
+		return finalize(d, rep, cause, nil, o)
+	}
+	signalled := map[int]bool{}
+	outside := membership.Run{Record: rec}
+	haveCgroup := rec.Cgroup != "" && cgroup.Valid(rec.Cgroup)
+	loop := Loop{
+		Members: func() []membership.Member {
+			ms, rejected, err := outside.Members()
+			if err != nil {
+				fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot read /proc: %v\n", d.ID, err)
+			}
+			rep.Rejected = appendNew(rep.Rejected, rejected)
+			return ms
+		},
+		Signal: func(sig unix.Signal, ms []membership.Member, again bool) {
+			if sig == unix.SIGKILL && haveCgroup {
+				o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ms), "by": o.By}, false)
+				if err := cgroup.Kill(rec.Cgroup); err != nil {
+					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
+				}
+			}
+			o.journal(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(ms), "by": o.By}, false)
+			for _, m := range ms {
+				signalled[m.PID] = true
+				if err := proc.Signal(m.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
+					rep.Rejected = appendNew(rep.Rejected, []string{err.Error() + ": left alone"})
+				}
+			}
+		},
+		Wake: PollWake,
+	}
+	_, survivors := loop.Run(o.Grace)
+	for pid := range signalled {
+		rep.Signalled = append(rep.Signalled, pid)
+	}
+	sort.Ints(rep.Signalled)
+	if len(rep.Rejected) > 0 {
+		o.journal(d, "signal_refused", journal.Fields{"by": o.By, "reasons": rep.Rejected}, false)
+	}
+	if rec.Cgroup != "" && len(survivors) == 0 && cgroup.Valid(rec.Cgroup) {
+		cgroup.Remove(rec.Cgroup)
+	}
+	return finalize(d, rep, cause, survivors, o)
 }
 
-// backoff is the poll interval while waiting for processes we are not the
-// parent of: no SIGCHLD reaches us, so /proc is read again, 10 ms at first.
-func backoff(deadline time.Time) time.Duration {
-	d := time.Until(deadline)
-	if d > 20*time.Millisecond {
-		return 20 * time.Millisecond
+// journal appends an event; a failure is reported on Diag, as the wrapper
+// reports its own.
+func (o Options) journal(d *rundir.Dir, event string, f journal.Fields, sync bool) {
+	if _, err := journal.Append(d, event, f, sync); err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot journal %s: %v\n", d.ID, event, err)
 	}
-	if d < time.Millisecond {
-		return time.Millisecond
-	}
-	return d
 }
 
 func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Options) (*Report, error) {
@@ -204,7 +172,7 @@ func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Optio
 	if err := statusfile.Write(d, rec, true); err != nil {
 		return rep, fmt.Errorf("run %s: stopped, but cannot write the final record: %w", d.ID, err)
 	}
-	journal.Append(d, "final", journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}, true)
+	o.journal(d, "final", journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}, true)
 	rep.Record = rec
 	return rep, nil
 }
@@ -223,22 +191,4 @@ func appendNew(dst, src []string) []string {
 		}
 	}
 	return dst
-}
-
-func appendInt(dst []int, v int) []int {
-	for _, x := range dst {
-		if x == v {
-			return dst
-		}
-	}
-	return append(dst, v)
-}
-
-// pids lists the members' PIDs.
-func pids(ms []membership.Member) []int {
-	out := make([]int, 0, len(ms))
-	for _, m := range ms {
-		out = append(out, m.PID)
-	}
-	return out
 }

@@ -23,9 +23,9 @@ import (
 
 // Launch failure exit codes, as a shell would return them.
 const (
-	ExitNotFound      = 127
-	ExitNotExecutable = 126
-	ExitLaunchFailed  = 70
+	exitNotFound      = 127
+	exitNotExecutable = 126
+	exitLaunchFailed  = 70
 )
 
 // launch starts the job in a new session and verifies that it has one.
@@ -38,29 +38,29 @@ func (s *supervisor) launch() (int, error) {
 	if err != nil && !errors.Is(err, exec.ErrDot) {
 		switch {
 		case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
-			return ExitNotFound, fmt.Errorf("command not found: %s", argv[0])
+			return exitNotFound, fmt.Errorf("command not found: %s", argv[0])
 		case errors.Is(err, fs.ErrPermission):
-			return ExitNotExecutable, fmt.Errorf("command not executable: %s", argv[0])
+			return exitNotExecutable, fmt.Errorf("command not executable: %s", argv[0])
 		}
-		return ExitNotExecutable, fmt.Errorf("cannot execute %s: %v", argv[0], err)
+		return exitNotExecutable, fmt.Errorf("cannot execute %s: %v", argv[0], err)
 	}
 	stdin := s.cfg.Stdin
 	if stdin == nil {
 		devnull, err := os.Open(os.DevNull)
 		if err != nil {
-			return ExitLaunchFailed, err
+			return exitLaunchFailed, err
 		}
 		defer devnull.Close()
 		stdin = devnull
 	}
 	out, err := s.d.OpenFile(rundir.StdoutFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o600)
 	if err != nil {
-		return ExitLaunchFailed, fmt.Errorf("open stdout.log: %w", err)
+		return exitLaunchFailed, fmt.Errorf("open stdout.log: %w", err)
 	}
 	defer out.Close()
 	errf, err := s.d.OpenFile(rundir.StderrFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o600)
 	if err != nil {
-		return ExitLaunchFailed, fmt.Errorf("open stderr.log: %w", err)
+		return exitLaunchFailed, fmt.Errorf("open stderr.log: %w", err)
 	}
 	defer errf.Close()
 
@@ -94,12 +94,12 @@ func (s *supervisor) launch() (int, error) {
 		if errors.As(err, &errno) {
 			switch errno {
 			case unix.ENOENT:
-				return ExitNotFound, fmt.Errorf("command not found: %s: %v", path, err)
+				return exitNotFound, fmt.Errorf("command not found: %s: %v", path, err)
 			case unix.EACCES, unix.ENOEXEC, unix.EISDIR, unix.EPERM:
-				return ExitNotExecutable, fmt.Errorf("command not executable: %s: %v", path, err)
+				return exitNotExecutable, fmt.Errorf("command not executable: %s: %v", path, err)
 			}
 		}
-		return ExitLaunchFailed, fmt.Errorf("start %s: %v", path, err)
+		return exitLaunchFailed, fmt.Errorf("start %s: %v", path, err)
 	}
 	// 4. Verify the session. The job is our unreaped child, so /proc/PID/stat
 	// exists even if it has already exited: the check never races the job.
@@ -114,7 +114,7 @@ func (s *supervisor) launch() (int, error) {
 		if cg != nil {
 			cgroup.Remove(cg.Path)
 		}
-		return ExitLaunchFailed, err
+		return exitLaunchFailed, err
 	}
 	s.leader, s.leaderStart = pid, st.Start
 	if cg != nil {

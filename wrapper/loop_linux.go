@@ -8,6 +8,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 // wait blocks until the leader exits (returns "") or the run must be
@@ -100,14 +101,25 @@ func (s *supervisor) beginCancel(cause, event string) string {
 		s.warn("cannot lock the run: %v (stopping anyway)", err)
 	} else {
 		defer unlock()
-		if disk, err := statusfile.Read(s.d); err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
-			s.rec.State, s.rec.Cause = disk.State, disk.Cause
-			return disk.Cause
+	}
+	return s.intend(event, cause, journal.Fields{"by": "wrapper", "pid": s.self})
+}
+
+// intend records the intent with stop.Intend; the caller holds the lock.
+// The wrapper stops its job even when the intent cannot be journaled (it is
+// the job's last line of defence), and says so.
+func (s *supervisor) intend(event, cause string, f journal.Fields) string {
+	cause, err := stop.Intend(s.d, &s.rec, event, cause, f, func(*statusfile.Record) error {
+		s.writeRecordLocked(false) // warns itself
+		return nil
+	})
+	if err != nil {
+		s.warn("%v (stopping anyway)", err)
+		if s.rec.State != statusfile.Cancelling {
+			s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
+			s.writeRecordLocked(false)
 		}
 	}
-	s.journal(event, journal.Fields{"cause": cause, "by": "wrapper", "pid": s.self}, true)
-	s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
-	s.writeRecordLocked(false)
 	return cause
 }
 
@@ -140,8 +152,5 @@ func (s *supervisor) checkLease() (int64, string) {
 
 // expire records the lease expiry; the caller holds the lock.
 func (s *supervisor) expire(deadline int64) string {
-	s.journal("deadline_expired", journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self}, true)
-	s.rec.State, s.rec.Cause = statusfile.Cancelling, statusfile.CauseLease
-	s.writeRecordLocked(false)
-	return statusfile.CauseLease
+	return s.intend("deadline_expired", statusfile.CauseLease, journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self})
 }

@@ -2,7 +2,6 @@ package wrapper
 
 import (
 	"errors"
-	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -10,33 +9,19 @@ import (
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
-// How long to keep KILLing what is left before giving up and recording
-// survivors. KILL cannot be caught; only a process stuck in the kernel
-// (state D on a dead NFS mount, say) outlives it.
-const killWait = 10 * time.Second
-
-// stopAll stops the group and every escaped descendant: TERM, wait for them
-// to die until the grace passes, then KILL until nothing is left. It returns
-// the PIDs that outlived KILL. cause "" means the leader exited on its own
-// and these are stragglers.
+// stopAll stops the group and every escaped descendant with the one stop
+// loop (stop.Loop: TERM, the grace, KILL until nothing is left), woken by
+// SIGCHLD. It returns the PIDs that outlived KILL. cause "" means the
+// leader exited on its own and these are stragglers.
 func (s *supervisor) stopAll(cause string) []int {
-	targets := s.liveTargets()
-	var stopped []int
-	if len(targets) > 0 {
-		stopped = pids(targets)
-		s.signalAll(unix.SIGTERM, targets)
-		targets = s.waitGone(time.Now().Add(s.cfg.Grace), targets)
+	loop := stop.Loop{Members: s.liveTargets, Signal: s.signalAll, Wake: s.wake}
+	stopped, survivors := loop.Run(s.cfg.Grace)
+	if !s.leaderExited {
+		s.pollLeader()
 	}
-	until := time.Now().Add(killWait)
-	for len(targets) > 0 && time.Now().Before(until) {
-		s.signalAll(unix.SIGKILL, targets)
-		// KILL is not negotiable: wait a short while, then KILL again
-		// whatever appeared (a job forking while it is being stopped).
-		targets = s.waitGone(time.Now().Add(500*time.Millisecond), targets)
-	}
-	survivors := pids(targets)
 	if cause == "" && len(stopped) > 0 {
 		s.journal("stragglers_stopped", journal.Fields{"pids": stopped, "survivors": survivors}, false)
 	}
@@ -46,19 +31,13 @@ func (s *supervisor) stopAll(cause string) []int {
 	return survivors
 }
 
-func pids(ts []target) []int {
-	out := make([]int, 0, len(ts))
-	for _, t := range ts {
-		out = append(out, t.PID)
-	}
-	sort.Ints(out)
-	return out
-}
-
 // signalAll journals the signal, then sends it to the group with killpg
 // (safe: the leader is our unreaped child, so its PGID cannot have been
-// recycled) and to each escaped descendant through a validated pidfd.
-func (s *supervisor) signalAll(sig unix.Signal, ts []target) {
+// recycled) and to each escaped descendant through a validated pidfd. A
+// TERM sent again (to late arrivals) goes to each of them through a pidfd
+// too, so the group does not get a second TERM.
+func (s *supervisor) signalAll(sig unix.Signal, ts []target, again bool) {
+	perProcess := again && sig != unix.SIGKILL
 	var group, esc []int
 	for _, t := range ts {
 		if t.Escaped {
@@ -69,9 +48,12 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target) {
 	}
 	f := journal.Fields{"signal": proc.SignalName(sig), "pgid": s.leader, "pids": group}
 	target := "group"
+	if perProcess {
+		target = "members"
+	}
 	if len(esc) > 0 {
 		f["escaped"] = esc
-		target = "group+escaped"
+		target += "+escaped"
 		if len(group) == 0 {
 			target = "escaped"
 		}
@@ -88,55 +70,40 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target) {
 			s.warn("cgroup.kill %s: %v (signalling each process instead)", s.cgroup, err)
 		}
 	}
-	if len(group) > 0 {
+	if len(group) > 0 && !perProcess {
 		if err := unix.Kill(-s.leader, sig); err != nil && err != unix.ESRCH {
 			s.warn("kill(-%d, %s): %v", s.leader, proc.SignalName(sig), err)
 		}
 	}
 	for _, t := range ts {
-		if !t.Escaped {
+		if !t.Escaped && !perProcess {
 			continue
 		}
 		err := proc.Signal(t.Identity, sig)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
-			s.warn("signal %s to escaped %d: %v", proc.SignalName(sig), t.PID, err)
+			what := "member"
+			if t.Escaped {
+				what = "escaped"
+			}
+			s.warn("signal %s to %s %d: %v", proc.SignalName(sig), what, t.PID, err)
 		}
 	}
 }
 
-// waitGone waits until no target is alive or until the deadline, woken by
-// SIGCHLD (as subreaper we hear of every death in the tree, at the latest
-// when the zombie is reparented to us) with a backstop rescan. Signals to the
-// wrapper while it is stopping change nothing: the stop is already under way.
-func (s *supervisor) waitGone(until time.Time, ts []target) []target {
-	backoff := 5 * time.Millisecond
-	for {
-		if !s.leaderExited {
-			s.pollLeader()
-		}
-		if len(ts) == 0 {
-			return nil
-		}
-		left := time.Until(until)
-		if left <= 0 {
-			return ts
-		}
-		wait := backoff
-		if wait > left {
-			wait = left
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-s.sigs:
-		case <-t.C:
-			if backoff < 100*time.Millisecond {
-				backoff *= 2
-			}
-		}
-		t.Stop()
-		ts = s.recheck(ts)
-		if len(ts) == 0 {
-			ts = s.scanFast()
-		}
+// wake is the stop loop's wake-up: SIGCHLD (as subreaper we hear of every
+// death in the tree, at the latest when the zombie is reparented to us), or
+// the time. Signals to the wrapper while it is stopping change nothing: the
+// stop is already under way. It notes the leader's exit as it goes.
+func (s *supervisor) wake(_ []target, d time.Duration) bool {
+	if !s.leaderExited {
+		s.pollLeader()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.sigs:
+		return true
+	case <-t.C:
+		return false
 	}
 }

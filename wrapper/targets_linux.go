@@ -102,17 +102,3 @@ func (s *supervisor) scanFast() []target {
 	s.noteEscapes(out)
 	return out
 }
-
-// recheck keeps the targets that are still alive, reading only their own
-// /proc/PID/stat.
-func (s *supervisor) recheck(ts []target) []target {
-	var out []target
-	for _, t := range ts {
-		st, err := proc.ReadStat(t.PID)
-		if err != nil || st.Start != t.Start || st.Dead() {
-			continue
-		}
-		out = append(out, t)
-	}
-	return out
-}

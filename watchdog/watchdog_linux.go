@@ -1,10 +1,15 @@
-package lease
+// Package watchdog enforces leases when a run's wrapper cannot: it stops
+// every run under a root whose deadline has passed and whose wrapper is dead
+// or has not acted within ActAfter, with the same ordered stop that cancel
+// uses (stop.Outside). One watchdog runs per root (LockFile).
+package watchdog
 
 import (
 	"errors"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -17,8 +22,8 @@ import (
 // starved.
 const ActAfter = 3 * time.Second
 
-// WatchdogLock is the root-level lock file that keeps one watchdog per root.
-const WatchdogLock = ".watchdog.lock"
+// LockFile is the root-level lock file that keeps one watchdog per root.
+const LockFile = ".watchdog.lock"
 
 // Action is one thing a watchdog pass did or could not do, printed as one
 // JSON line. Healthy runs produce no action.
@@ -35,12 +40,12 @@ type Action struct {
 	Rejected  []string `json:"rejected,omitempty"`
 }
 
-// WatchOptions configure a pass.
-type WatchOptions struct {
+// Options configure a pass.
+type Options struct {
 	Grace time.Duration // 0: each run's own grace_seconds
 	Now   func() time.Time
 	// Progress, if set, is called after each run is looked at, so a long
-	// pass (several stops, each up to grace + KillWait) can keep a service
+	// pass (several stops, each up to grace plus up to 10 s of KILL) can keep a service
 	// manager's watchdog fed.
 	Progress func()
 }
@@ -49,7 +54,7 @@ type WatchOptions struct {
 // passed and whose wrapper is dead, or alive but has not acted within
 // ActAfter. A run that cannot be read is reported and skipped; a pass never
 // stops on one bad run.
-func Pass(root *rundir.Root, o WatchOptions) ([]Action, error) {
+func Pass(root *rundir.Root, o Options) ([]Action, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -69,7 +74,7 @@ func Pass(root *rundir.Root, o WatchOptions) ([]Action, error) {
 	return out, nil
 }
 
-func check(root *rundir.Root, id string, o WatchOptions) *Action {
+func check(root *rundir.Root, id string, o Options) *Action {
 	d, err := root.Open(id)
 	if err != nil {
 		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}
@@ -83,15 +88,15 @@ func check(root *rundir.Root, id string, o WatchOptions) *Action {
 	if statusfile.Terminal(rec.State) {
 		return nil
 	}
-	dl, derr := ReadDeadline(d)
-	if derr != nil && !errors.Is(derr, ErrNoDeadline) {
+	dl, derr := lease.ReadDeadline(d)
+	if derr != nil && !errors.Is(derr, lease.ErrNoDeadline) {
 		return &Action{RunID: id, Action: "skipped", Reason: derr.Error()}
 	}
 	now := o.Now()
 	if derr == nil && now.Before(time.Unix(dl, 0)) {
 		return nil
 	}
-	if errors.Is(derr, ErrNoDeadline) && rec.State == statusfile.Starting && rec.LeaseSeconds > 0 && !membership.WrapperAlive(rec) {
+	if errors.Is(derr, lease.ErrNoDeadline) && rec.State == statusfile.Starting && rec.LeaseSeconds > 0 && !membership.WrapperAlive(rec) {
 		// The wrapper died while starting the job, before it wrote the
 		// deadline, which it would have set no later than created_at +
 		// lease (+ ActAfter for a slow start). Nobody can renew a run that
@@ -100,13 +105,13 @@ func check(root *rundir.Root, id string, o WatchOptions) *Action {
 		if err != nil {
 			return &Action{RunID: id, Action: "skipped", State: rec.State, Reason: "the wrapper died while starting the run, and its created_at does not parse: " + err.Error()}
 		}
-		dl = DeadlineAfter(created, time.Duration(rec.LeaseSeconds*float64(time.Second))+ActAfter)
+		dl = lease.DeadlineAfter(created, time.Duration(rec.LeaseSeconds*float64(time.Second))+ActAfter)
 		if now.Before(time.Unix(dl, 0)) {
 			return nil
 		}
 		derr = nil
 	}
-	if errors.Is(derr, ErrNoDeadline) {
+	if errors.Is(derr, lease.ErrNoDeadline) {
 		if rec.LeaseSeconds > 0 && rec.State != statusfile.Starting {
 			return &Action{RunID: id, Action: "skipped", State: rec.State, Reason: "the run has a lease but no deadline_epoch file; not stopping it without a deadline"}
 		}

@@ -1,0 +1,113 @@
+package stop
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// ErrNotConfirmed is returned (wrapped) by Cancel when the run's wrapper is
+// alive but has not written a final record within the wait.
+var ErrNotConfirmed = errors.New("not confirmed")
+
+// ErrNoRecord is returned (wrapped) by Cancel when the run's record cannot
+// be read: nothing was signalled.
+var ErrNoRecord = errors.New("cannot read the run's record")
+
+// CancelOptions describe a cancel.
+type CancelOptions struct {
+	// Grace is the time between TERM and KILL when Cancel stops the run
+	// itself; negative means the run's own grace_seconds.
+	Grace time.Duration
+	// Wait bounds how long Cancel waits for a live wrapper's final record.
+	Wait time.Duration
+	// PID is the canceller's PID, journaled with the intent.
+	PID int
+	// Diag receives what went wrong on the way that did not stop the cancel.
+	Diag io.Writer
+}
+
+// Cancel is the cancel protocol, the second control channel. A terminal run
+// is returned as it is (Report.Already). With the wrapper alive (PID and
+// start time verified), the cancel is recorded (Intend, by "cancel"), the
+// wrapper is sent TERM, and Cancel waits up to o.Wait for its final record;
+// if the wrapper dies meanwhile, or was dead from the start, Cancel performs
+// the validated, ordered stop itself (Outside). The report's record is the
+// final one; whether cleanup is confirmed is the caller's reading of its
+// state and survivors.
+func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
+	if o.Diag == nil {
+		o.Diag = io.Discard
+	}
+	until := time.Now().Add(o.Wait)
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoRecord, err)
+	}
+	if statusfile.Terminal(rec.State) {
+		return &Report{Record: rec, Already: true}, nil
+	}
+	if membership.WrapperAlive(rec) {
+		w := d.Watch()
+		defer w.Close()
+		if err := requestCancel(d, o.PID); err != nil {
+			if !errors.Is(err, errNotRecorded) {
+				return nil, fmt.Errorf("run %s: %w", d.ID, err)
+			}
+			fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
+		}
+		err := proc.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGTERM)
+		if err != nil && !errors.Is(err, proc.ErrGone) {
+			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot signal the wrapper %d: %v\n", d.ID, rec.WrapperPID, err)
+		}
+		for time.Now().Before(until) {
+			cur, err := statusfile.Read(d)
+			if err == nil && statusfile.Terminal(cur.State) {
+				return &Report{Record: cur}, nil
+			}
+			if err == nil && !membership.WrapperAlive(cur) {
+				break // the wrapper died mid-stop: finish the job ourselves
+			}
+			w.Wait(100 * time.Millisecond)
+		}
+		if !time.Now().Before(until) {
+			return nil, fmt.Errorf("run %s: %w within %v: the wrapper (pid %d) has not written a final record", d.ID, ErrNotConfirmed, o.Wait, rec.WrapperPID)
+		}
+	}
+	g := o.Grace
+	if g < 0 {
+		g = time.Duration(rec.GraceSeconds * float64(time.Second))
+	}
+	return Outside(d, Options{Grace: g, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel", Diag: o.Diag, Fields: journal.Fields{"pid": o.PID}})
+}
+
+// requestCancel records the cancel under the run's lock, unless the run is
+// already over or stopping, in which case its first cause stands.
+func requestCancel(d *rundir.Dir, pid int) error {
+	unlock, err := d.Lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		return err
+	}
+	if statusfile.Terminal(rec.State) || rec.State == statusfile.Cancelling {
+		return nil
+	}
+	_, err = Intend(d, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, writeRecord(d))
+	if errors.Is(err, errNotJournaled) {
+		return fmt.Errorf("%w, so nothing was signalled", err)
+	}
+	return err
+}

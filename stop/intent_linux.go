@@ -1,0 +1,55 @@
+package stop
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// errNotJournaled and errNotRecorded are what Intend can fail with.
+var (
+	// errNotJournaled: the intent is not on disk, so nothing may be
+	// signalled on its strength (the wrapper, whose own job it is, stops
+	// anyway and says so).
+	errNotJournaled = errors.New("cannot journal the intent")
+	// errNotRecorded: the intent is journaled and synced, but `cancelling`
+	// could not be written. The synced line is the durable fact; a record
+	// that cannot be written (a full disk) must not keep the job running.
+	errNotRecorded = errors.New("the intent is journaled, but the cancelling record could not be written")
+)
+
+// Intend records the intent to stop the run in d, before any signal: unless
+// the record on disk is already `cancelling` with a cause (whose cause then
+// stands: it is returned, rec takes it, and nothing is written), it journals
+// event with f and the cause and syncs the line, then sets rec to
+// `cancelling` with cause and writes it with write. The caller holds the
+// run's lock.
+//
+// An error wrapping errNotJournaled leaves rec as it was; one wrapping
+// errNotRecorded comes after the line was synced and rec set.
+func Intend(d *rundir.Dir, rec *statusfile.Record, event, cause string, f journal.Fields, write func(*statusfile.Record) error) (string, error) {
+	if disk, err := statusfile.Read(d); err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
+		rec.State, rec.Cause = disk.State, disk.Cause
+		return disk.Cause, nil
+	}
+	g := journal.Fields{"cause": cause}
+	for k, v := range f {
+		g[k] = v
+	}
+	if _, err := journal.Append(d, event, g, true); err != nil {
+		return cause, fmt.Errorf("%w (%s): %v", errNotJournaled, event, err)
+	}
+	rec.State, rec.Cause = statusfile.Cancelling, cause
+	if err := write(rec); err != nil {
+		return cause, fmt.Errorf("%w: %v", errNotRecorded, err)
+	}
+	return cause, nil
+}
+
+// writeRecord is Intend's write for a caller outside the wrapper.
+func writeRecord(d *rundir.Dir) func(*statusfile.Record) error {
+	return func(rec *statusfile.Record) error { return statusfile.Write(d, rec, false) }
+}

@@ -1,0 +1,124 @@
+package stop_test
+
+import (
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/membership"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
+)
+
+// job starts script under sh in a session of its own and returns the
+// record a wrapper would have written for it. The group is killed when the
+// test ends.
+func job(t *testing.T, script string) *statusfile.Record {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { _ = unix.Kill(-pid, unix.SIGKILL); <-done })
+	st, err := proc.ReadStat(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot, _ := proc.BootID()
+	return &statusfile.Record{RunID: "loop-1", PID: pid, PGID: pid, SID: pid, LeaderStart: st.Start, BootID: boot}
+}
+
+// sent records what a Loop signalled, and signals it.
+type sent struct {
+	mu   sync.Mutex
+	sigs []unix.Signal
+}
+
+func (s *sent) signal(t *testing.T) func(unix.Signal, []membership.Member, bool) {
+	return func(sig unix.Signal, ms []membership.Member, again bool) {
+		s.mu.Lock()
+		s.sigs = append(s.sigs, sig)
+		s.mu.Unlock()
+		for _, m := range ms {
+			if err := proc.Signal(m.Identity, sig); err != nil {
+				t.Logf("signal %v to %d: %v", sig, m.PID, err)
+			}
+		}
+	}
+}
+
+func members(t *testing.T, rec *statusfile.Record) func() []membership.Member {
+	return func() []membership.Member {
+		ms, _, err := membership.Run{Record: rec}.Members()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ms
+	}
+}
+
+// waitMembers waits until the job has n live members.
+func waitMembers(t *testing.T, rec *statusfile.Record, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(members(t, rec)()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the job never had %d members", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A job that ignores TERM is KILLed once the grace has passed, and nothing
+// survives.
+func TestLoopKillsWhatIgnoresTerm(t *testing.T) {
+	rec := job(t, `trap "" TERM; sleep 600 & wait; wait`)
+	waitMembers(t, rec, 2)
+	var s sent
+	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}
+	start := time.Now()
+	stopped, survivors := loop.Run(300 * time.Millisecond)
+	if len(stopped) != 2 || len(survivors) != 0 {
+		t.Fatalf("stopped %v, survivors %v; want 2 stopped, none surviving", stopped, survivors)
+	}
+	if len(s.sigs) < 2 || s.sigs[0] != unix.SIGTERM || s.sigs[len(s.sigs)-1] != unix.SIGKILL {
+		t.Fatalf("signals sent: %v, want TERM then KILL", s.sigs)
+	}
+	if time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("KILL came before the grace had passed (%v)", time.Since(start))
+	}
+}
+
+// A member born during the grace (the leader's TERM trap starts it and
+// exits) gets a TERM of its own when it is found, so it ends within the
+// grace: no KILL is sent.
+func TestLoopTermsLateArrivals(t *testing.T) {
+	rec := job(t, `trap "sleep 600 & exit 0" TERM; while :; do sleep 0.05; done`)
+	waitMembers(t, rec, 2)
+	var s sent
+	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}
+	start := time.Now()
+	_, survivors := loop.Run(time.Minute)
+	if len(survivors) != 0 {
+		t.Fatalf("survivors %v", survivors)
+	}
+	for _, sig := range s.sigs {
+		if sig == unix.SIGKILL {
+			t.Fatalf("signals sent: %v: the late member was KILLed, not TERMed within the grace", s.sigs)
+		}
+	}
+	if len(s.sigs) < 2 {
+		t.Fatalf("signals sent: %v, want a TERM for the late member too", s.sigs)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("the stop took %v: it waited for the grace", d)
+	}
+}
