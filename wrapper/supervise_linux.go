@@ -153,7 +153,7 @@ func (s *supervisor) run() *Result {
 	// 3. Start the job, with its authority scoped to the run.
 	if err := s.startAuthority(); err != nil {
 		s.markLive()
-		return s.launchFailed(ExitLaunchFailed, fmt.Errorf("cannot scope the SSH agent to the run: %v (--agent inherit or none runs without a relay)", err))
+		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot scope the SSH agent to the run: %v (--agent inherit or none runs without a relay)", err))
 	}
 	code, err := s.launch()
 	if err != nil {
