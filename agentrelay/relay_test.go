@@ -59,14 +59,22 @@ func startRelay(t *testing.T, upstream string, check Check) *Relay {
 	return r
 }
 
-func dial(t *testing.T, path string) (agent.ExtendedAgent, net.Conn) {
+// dial returns an agent client on a new connection to path.
+func dial(t *testing.T, path string) agent.ExtendedAgent {
+	t.Helper()
+	return agent.NewClient(rawDial(t, path))
+}
+
+// rawDial returns a new connection to path, for writing frames by hand
+// (an agent client reads its connection from a goroutine of its own).
+func rawDial(t *testing.T, path string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return agent.NewClient(c), c
+	return c
 }
 
 func sshAdd(sock string, args ...string) (string, int, error) {
@@ -103,7 +111,7 @@ func TestRelayPassesOnlyIdentitiesSignSessionBind(t *testing.T) {
 	}
 
 	// A signature made through the relay verifies with the key.
-	client, _ := dial(t, r.Path())
+	client := dial(t, r.Path())
 	keys, err := client.List()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("List: %v %v", keys, err)
@@ -201,7 +209,7 @@ func TestRelayChecksEveryRequest(t *testing.T) {
 	a := agenttest.Start(t)
 	rec := &recorder{allow: func(n int) bool { return n != 2 }}
 	r := startRelay(t, a.Sock, rec.check)
-	client, _ := dial(t, r.Path())
+	client := dial(t, r.Path())
 	if _, err := client.List(); err != nil {
 		t.Fatalf("first request: %v", err)
 	}
@@ -219,7 +227,7 @@ func TestRelayRevoke(t *testing.T) {
 	a := agenttest.Start(t)
 	rec := &recorder{}
 	r := startRelay(t, a.Sock, rec.check)
-	client, _ := dial(t, r.Path())
+	client := dial(t, r.Path())
 	keys, err := client.List()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("before revoke: %v %v", keys, err)
@@ -255,7 +263,7 @@ func TestRelayMalformed(t *testing.T) {
 	a := agenttest.Start(t)
 	rec := &recorder{}
 	r := startRelay(t, a.Sock, rec.check)
-	_, c := dial(t, r.Path())
+	c := rawDial(t, r.Path())
 	if err := writeMessage(c, []byte{msgSignRequest, 0, 0, 0, 9, 1}); err != nil {
 		t.Fatal(err)
 	}
