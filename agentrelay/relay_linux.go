@@ -200,7 +200,10 @@ func (r *Relay) Revoke() error {
 	return err
 }
 
-// Wait waits, after Revoke, for every goroutine of the relay to return.
+// Wait waits, after Revoke, for every goroutine of the relay to return: a
+// request being decided when Revoke was called has then been answered (or
+// found its connection closed). It returns promptly, since Revoke closed
+// every descriptor those goroutines could block on, unless a Check blocks.
 func (r *Relay) Wait() { r.wg.Wait() }
 
 func (r *Relay) accept() {

@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv("AUTHTEST_HANDOFF"); path != "" {
 		os.Exit(handoff(path))
 	}
+	if os.Getenv("AUTHTEST_SPAM") != "" {
+		spam()
+	}
 	os.Exit(m.Run())
 }
 
@@ -61,6 +64,25 @@ func handoff(path string) int {
 	}
 	fmt.Println("sent")
 	select {} // a process of the run, holding its end, until the run stops it
+}
+
+// spam lists the agent's keys through $SSH_AUTH_SOCK as fast as it can,
+// on two connections, dialling again whenever one fails, until it is
+// stopped.
+func spam() {
+	for {
+		c, err := net.Dial("unix", os.Getenv("SSH_AUTH_SOCK"))
+		if err != nil {
+			continue
+		}
+		a := agent.NewClient(c)
+		for {
+			if _, err := a.List(); err != nil {
+				break
+			}
+		}
+		c.Close()
+	}
 }
 
 // receive accepts one connection on ln and returns the descriptor sent on
@@ -160,6 +182,11 @@ func assertRevokedInOrder(t *testing.T, es []journal.Entry, intent string) {
 	i, r, s := seqOf(es, intent), seqOf(es, "authority_revoked"), seqOf(es, "signal_sent")
 	if i < 0 || r < 0 || s < 0 || !(i < r && r < s) {
 		t.Fatalf("want %s (%d) < authority_revoked (%d) < signal_sent (%d)", intent, i, r, s)
+	}
+	for _, e := range actions(es) {
+		if e.Seq > r && field(e, "channel") == authority.ChannelSSHAgent {
+			t.Fatalf("agent action %d journaled after authority_revoked (%d)", e.Seq, r)
+		}
 	}
 }
 
@@ -688,4 +715,26 @@ func TestScopedAgentLongPath(t *testing.T) {
 	if _, err := os.Lstat(rec.AgentSocket); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket left behind: %v", err)
 	}
+}
+
+// Agent requests racing a cancel: a job lists keys as fast as it can while
+// it is cancelled. No request is accepted after cancel_requested, and none
+// is journaled after authority_revoked: the requests in flight at the
+// revocation are answered (refused) before it is journaled.
+func TestAgentRequestsRacingCancel(t *testing.T) {
+	a := agenttest.Start(t)
+	root := runtest.NewRoot(t)
+	t.Setenv("AUTHTEST_SPAM", "1")
+	c, r := run(t, root, a.Sock, "--lease", "5m", "spam", "--", os.Args[0])
+	runtest.Eventually(t, "50 accepted requests", func() bool {
+		return strings.Count(r.File("events.jsonl"), `"decision":"accepted"`) >= 50
+	})
+	if code, _, stderr := runtest.Exec(t, root, "cancel", "spam"); code != 0 {
+		t.Fatalf("cancel: %s", stderr)
+	}
+	c.Wait(t)
+	es := r.Journal(t)
+	assertRevokedInOrder(t, es, "cancel_requested")
+	assertNoAcceptedAfterIntent(t, es)
+	t.Logf("%d agent actions, %d events", len(actions(es)), len(es))
 }

@@ -132,10 +132,12 @@ func (s *supervisor) checkAgent(req agentrelay.Request) agentrelay.Decision {
 	return agentrelay.Decision{Allow: dec.Allowed(), Reason: dec.Reason}
 }
 
-// revokeAuthority ends the relay (listener, socket, every connection) and
-// journals authority_revoked. Called once the run is ending: right after
-// the intent is recorded and before any signal, or when the leader has
-// exited and before stragglers are stopped.
+// revokeAuthority ends the relay (listener, socket, every connection),
+// waits for the requests in flight to be answered (refused: the run is no
+// longer running) and journals authority_revoked, so no agent request is
+// journaled after it. Called once the run is ending: right after the intent
+// is recorded and before any signal, or when the leader has exited and
+// before stragglers are stopped. The caller must not hold the run's lock.
 func (s *supervisor) revokeAuthority() {
 	if s.scope == nil {
 		return
@@ -151,5 +153,6 @@ func (s *supervisor) revokeAuthority() {
 		s.warn("revoking the agent socket: %v", err)
 		f["error"] = err.Error()
 	}
+	r.Wait()
 	s.journal("authority_revoked", f, false)
 }
