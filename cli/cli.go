@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -18,7 +17,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
-// Exit codes shared by every command (see CONTRACT.md). A run's own outcome
+// Exit codes shared by every command (see docs/reference.md). A run's own outcome
 // (the job's code, 128+N, 124, 143, ...) is returned as is.
 const (
 	ExitOK         = 0
@@ -30,6 +29,11 @@ const (
 	ExitSoftware   = 70 // EX_SOFTWARE: launch failure other than 126/127
 	ExitTempFail   = 75 // EX_TEMPFAIL: the ID is live or its outcome unknown
 	ExitUnsafeRoot = 78 // EX_CONFIG: the run root is unsafe
+	// ExitCannot: agent-wrap itself failed before the job could start (the
+	// run root or run directory could not be made, the disk is full at the
+	// claim), as timeout, env and nohup use 125: a caller over ssh can tell
+	// it from every code a job or the shell gives.
+	ExitCannot = 125
 )
 
 // Env is what a command sees of the world. Tests build one directly; main
@@ -43,12 +47,21 @@ type Env struct {
 	Getenv func(string) string
 
 	root string // --root given before the command name, if any
+	// shortForm: the command line had no command name (agent-wrap RUN_ID
+	// CMD...), so run refuses a RUN_ID that looks like a mistyped command.
+	shortForm bool
 }
 
+// command is one entry of the dispatch table. Its text fields are what
+// `agent-wrap help` and `agent-wrap CMD --help` print, so a new command
+// documents itself by filling them in.
 type command struct {
-	name    string
-	summary string
-	run     func(e *Env, args []string) int
+	name     string
+	summary  string // one line of purpose, lowercase, no period
+	synopsis string // the command line after "agent-wrap", e.g. "wait [--timeout D] RUN_ID"
+	help     string // optional paragraphs printed between the synopsis and the flags
+	exits    string // the exit codes, e.g. "0 renewed; 1 refused; 66 no such run"
+	run      func(e *Env, args []string) int
 }
 
 // commands is the dispatch table. Each command lives in its own cmd_*.go file
@@ -96,6 +109,7 @@ func (e *Env) Run(args []string) int {
 			args = append([]string{"version"}, args[1:]...)
 		default:
 			// Run flags in the short form: agent-wrap --lease 3s ID -- CMD.
+			e.shortForm = true
 			return commands["run"].run(e, args)
 		}
 	}
@@ -106,32 +120,14 @@ func (e *Env) Run(args []string) int {
 	if c, ok := commands[args[0]]; ok {
 		return c.run(e, args[1:])
 	}
-	if args[0] == "help" {
-		e.usage(e.Stdout)
-		return ExitOK
-	}
 	// The short form: agent-wrap RUN_ID [--] CMD [ARG...].
 	if err := rundir.ValidID(args[0]); err != nil {
 		e.errorf("%q is neither a command nor a valid run ID: %v", args[0], err)
-		e.hint("run IDs match %s; a run ID that equals a command name needs 'agent-wrap run ID -- CMD'", rundir.IDPattern)
+		e.hint("'agent-wrap help' lists the commands; run IDs match %s", rundir.IDPattern)
 		return ExitUsage
 	}
+	e.shortForm = true
 	return commands["run"].run(e, args)
-}
-
-func (e *Env) usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: agent-wrap [--root DIR] RUN_ID [--] CMD [ARG...]")
-	fmt.Fprintln(w, "       agent-wrap [--root DIR] COMMAND [FLAGS] ...")
-	fmt.Fprintln(w, "\ncommands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
-	}
-	fmt.Fprintln(w, "\nevery command takes --root DIR (default $AGENT_WRAP_ROOT, else $HOME/.agent-runs)")
 }
 
 // errorf prints "agent-wrap: MESSAGE" to stderr: lowercase, no trailing period.
@@ -157,6 +153,7 @@ func (e *Env) flags(name string) *pflag.FlagSet {
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fs.SetInterspersed(false)
 	fs.SetOutput(e.Stderr)
+	fs.Usage = func() {} // parse prints --help (to stdout) and errors (once)
 	fs.StringVar(&e.root, "root", e.root, "run root `DIR` (default $AGENT_WRAP_ROOT, else $HOME/.agent-runs)")
 	return fs
 }
@@ -166,6 +163,7 @@ func (e *Env) flags(name string) *pflag.FlagSet {
 func (e *Env) parse(fs *pflag.FlagSet, args []string) (code int, ok bool) {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
+			e.commandHelp(e.Stdout, fs.Name(), fs)
 			return ExitOK, false
 		}
 		e.errorf("%s: %v", fs.Name(), err)
@@ -191,10 +189,15 @@ func (e *Env) openRoot(create bool) (*rundir.Root, int) {
 		case errors.Is(err, rundir.ErrUnsafe):
 			e.hint("the run root must be a real directory owned by you with mode 0700; fix it or choose another with --root")
 			return nil, ExitUnsafeRoot
+		case create:
+			// Nothing was started: agent-wrap's own failure, not the job's.
+			e.hint("make %s creatable by you (mode 0700), or choose another run root with --root DIR or AGENT_WRAP_ROOT", path)
+			return nil, ExitCannot
 		case errors.Is(err, os.ErrNotExist):
-			e.hint("no runs were ever started under %s; pass the --root the runs used", path)
+			e.hint("there is no run root at %s, so no run was started under it; pass the --root the runs used", path)
 			return nil, ExitNoRun
 		}
+		e.hint("the run root must be a directory of yours, mode 0700, that you can read")
 		return nil, ExitFailure
 	}
 	return r, 0

@@ -14,8 +14,22 @@ import (
 )
 
 func init() {
-	register(&command{name: "authorize", summary: "may this process act now? authorize [--pid PID] [--channel NAME] [--target TEXT]", run: runAuthorize})
+	register(&command{
+		name:     "authorize",
+		summary:  "ask, for a gateway, whether a process of a live run may act now",
+		synopsis: "authorize [--pid PID] [--channel NAME] [--target TEXT]",
+		help:     authorizeHelp,
+		exits:    "0 accepted; 1 refused; 66 the process belongs to no run (nothing journaled); 64 usage; 78 unsafe run root",
+		run:      runAuthorize,
+	})
 }
+
+const authorizeHelp = `authorize is the question a gateway (a credential helper, a token broker, a
+proxy) asks before it acts for a process: does the process belong to a run
+that is running, with no cancel or expiry recorded and its lease not passed?
+It finds the run that holds the process, decides under the run's lock,
+journals the answer in the run as an "action" event (synced when accepted)
+and prints one JSON line: run_id, decision, reason, deadline_epoch, seq.`
 
 // Limits on what a gateway may write into a run's journal.
 const (

@@ -12,8 +12,27 @@ import (
 )
 
 func init() {
-	register(&command{name: "cancel", summary: "stop a run and confirm it: cancel [--grace D] [--wait D] RUN_ID", run: runCancel})
-	register(&command{name: "renew", summary: "extend a run's lease: renew [--lease D] RUN_ID", run: runRenew})
+	register(&command{
+		name:     "cancel",
+		summary:  "stop a run and confirm it",
+		synopsis: "cancel [--grace D] [--wait D] RUN_ID",
+		help: `With the run's wrapper alive, cancel records the cancel and TERMs the wrapper,
+which stops the job's process group (TERM, grace, KILL) and writes the final
+record. With the wrapper gone, cancel does that ordered stop itself, after
+validating every process it signals. A run already over is printed, untouched.`,
+		exits: "0 the run is terminal and nothing of it survived; 1 not confirmed within --wait, " +
+			"or processes outlived KILL; 66 no such run; 64 usage; 78 unsafe run root",
+		run: runCancel,
+	})
+	register(&command{
+		name:     "renew",
+		summary:  "extend a run's lease",
+		synopsis: "renew [--lease D] RUN_ID",
+		help: `The deadline becomes now + D. A run that is over, cancelling, or whose
+deadline has already passed is refused: an expired lease is never revived.`,
+		exits: "0 renewed; 1 refused; 66 no such run; 64 usage; 78 unsafe run root",
+		run:   runRenew,
+	})
 }
 
 // runCancel is the second control channel: the protocol is stop.Cancel;
@@ -24,7 +43,7 @@ func runCancel(e *Env, args []string) int {
 	grace = -1
 	wait = durationValue(60 * time.Second)
 	fs.Var(&grace, "grace", "time `D` between TERM and KILL when cancel stops the run itself (default: the run's own grace)")
-	fs.Var(&wait, "wait", "how long `D` to wait for a confirmed final record")
+	fs.Var(&wait, "wait", "how long `D` to wait for a confirmed final record (default 1m)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

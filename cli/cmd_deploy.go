@@ -7,8 +7,25 @@ import (
 )
 
 func init() {
-	register(&command{name: "deploy", summary: "copy agent-wrap to hosts over ssh and install it there", run: runDeploy})
+	register(&command{
+		name:     "deploy",
+		summary:  "copy agent-wrap to hosts over ssh and install it there",
+		synopsis: "deploy [SSH FLAGS] [--dist DIR] [--systemd|--cron] [--user] HOST...",
+		help:     deployHelp,
+		exits:    "0 every host installed and (unless --dest-root) answers 'ssh HOST agent-wrap version' with it; 1 some host failed, each named on its own line; 64 usage",
+		run:      runDeploy,
+	})
 }
+
+const deployHelp = `For each HOST (anything ssh takes: host, user@host, ssh://user@host:port):
+ask its machine (uname -sm), send the matching build from the dist directory
+('make dist'), run its 'install' there, then call it as a controller will,
+'ssh HOST agent-wrap version' (a non-interactive command, with sshd's PATH,
+not a login shell's). One line per host on stdout: "HOST ok: ..." or "HOST
+failed: REASON"; where the binary is installed but that call does not reach
+it, the line names the binary's path and the hints on stderr say how to
+reach it (--remote-bin PATH, a link on sshd's PATH, or a PATH line).
+A failing host does not stop the others.`
 
 // runDeploy installs agent-wrap on each HOST from this workstation: it asks
 // the host's architecture (uname -m), sends the matching build from the dist
@@ -78,6 +95,9 @@ func runDeploy(e *Env, args []string) int {
 	for _, h := range hosts {
 		res := r.Deploy(e.Ctx, h)
 		fmt.Fprintln(e.Stdout, res)
+		for _, hint := range res.Hints {
+			e.hint("%s: %s", h, hint)
+		}
 		if res.Err != nil {
 			code = ExitFailure
 		}

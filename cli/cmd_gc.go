@@ -11,7 +11,14 @@ import (
 )
 
 func init() {
-	register(&command{name: "gc", summary: "delete old finished runs: gc --older-than D [--dry-run]", run: runGC})
+	register(&command{
+		name:     "gc",
+		summary:  "delete the directories of runs that ended long ago",
+		synopsis: "gc --older-than D [--dry-run]",
+		help:     gcHelp,
+		exits:    "0; 1 a run directory could not be removed; 64 usage (--older-than missing); 78 unsafe run root",
+		run:      runGC,
+	})
 }
 
 const gcHelp = `gc deletes the run directories of runs that are over and ended more than D
@@ -20,10 +27,7 @@ reconcile would say completed or cancelled and its wrapper has exited; a
 live run, one whose outcome is unknown (an unreadable record, a wrapper that
 died before its final record, a cancelled run with a process still alive) and
 one that ended less than D ago are kept. Unknown runs are named on stderr:
-they need 'agent-wrap reconcile' and perhaps 'agent-wrap cancel', not gc.
-
-exit: 0; 1 if a run directory could not be removed.
-`
+they need 'agent-wrap reconcile' and perhaps 'agent-wrap cancel', not gc.`
 
 // ageValue is a duration flag that also takes days ("7d"), the unit
 // retention is usually thought in.
@@ -44,12 +48,8 @@ func (a *ageValue) Set(s string) error {
 func runGC(e *Env, args []string) int {
 	fs := e.flags("gc")
 	var older ageValue
-	fs.Var(&older, "older-than", "remove terminal runs that ended more than `D` ago (required: 90s, 36h, 7d)")
+	fs.Var(&older, "older-than", "remove terminal runs that ended more than `D` ago, like 90s, 36h or 7d; no default: it must be given")
 	dry := fs.BoolP("dry-run", "n", false, "print what would be removed; remove nothing")
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap gc --older-than D [--dry-run]\n\n"+gcHelp+"\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

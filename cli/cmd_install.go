@@ -6,14 +6,31 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"strings"
 
 	"github.com/agent-wrap/agent-wrap/deploy"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
 func init() {
-	register(&command{name: "install", summary: "install this binary and the watchdog (systemd or cron) on this host", run: runInstall})
+	register(&command{
+		name:     "install",
+		summary:  "install this binary and the watchdog (systemd or cron) on this host",
+		synopsis: "install [--systemd [--timer] | --cron] [--user] [--prefix DIR] [--dry-run]",
+		help:     installHelp,
+		exits:    "0 installed; 1 a file could not be written, the watchdog could not be started, or --cron where no cron would run it; 64 usage; 78 unsafe run root",
+		run:      runInstall,
+	})
 }
+
+const installHelp = `Copies this binary to PREFIX/bin/agent-wrap and installs the watchdog for
+the run root (--root, else $AGENT_WRAP_ROOT, else $HOME/.agent-runs): systemd
+units, or a cron line. Running it again is safe: unchanged files are left
+alone. It prints one line per file, "ran: CMD" when it started the watchdog,
+"next: CMD" for what is left to you, and a note when 'ssh HOST agent-wrap'
+would not find the binary (non-interactive ssh commands get sshd's PATH).
+--cron is refused where nothing would ever run the line (no cron daemon, or
+for --user no crontab program). See deploy/README.md for what goes where.`
 
 // runInstall puts the running binary and the watchdog in place. See
 // deploy/README.md for what goes where and how to undo it.
@@ -98,6 +115,16 @@ func runInstall(e *Env, args []string) int {
 		return ExitUsage
 	}
 
+	// A cron line nothing will ever run is a watchdog that never runs:
+	// refuse it before writing anything. (Under --dest-root the files are
+	// for another system, whose cron this one cannot see.)
+	if plan.Method == deploy.Cron && *destRoot == "" {
+		if missing := deploy.CronMissing(plan.User); len(missing) > 0 {
+			e.errorf("install --cron: nothing here would run the watchdog: missing %s", strings.Join(missing, " and "))
+			e.hint("install cron (apt-get install cron), or use --systemd where systemd runs; nothing was installed")
+			return ExitFailure
+		}
+	}
 	// The watchdog refuses an unsafe run root, once a minute, forever:
 	// refuse it now instead. A missing one is created (0700), so a watchdog
 	// started before the first run has a root to open.
@@ -122,11 +149,6 @@ func runInstall(e *Env, args []string) int {
 		rootCreated = true
 	}
 
-	if plan.Method == deploy.Cron && !plan.User && *destRoot == "" {
-		if _, err := os.Stat("/etc/cron.d"); err != nil {
-			e.hint("/etc/cron.d does not exist: is cron installed? (e.g. apt-get install cron)")
-		}
-	}
 	if rootCreated {
 		fmt.Fprintf(e.Stdout, "created: %s\n", o.RunRoot)
 	}
@@ -143,6 +165,9 @@ func runInstall(e *Env, args []string) int {
 	}
 	if changed == 0 {
 		fmt.Fprintln(e.Stdout, "nothing changed")
+	}
+	if !*dryRun && *destRoot == "" {
+		e.noteReach(plan.Bin)
 	}
 
 	// Tell the service manager (or crontab), where there is one to tell and
@@ -171,6 +196,21 @@ func runInstall(e *Env, args []string) int {
 	}
 	fmt.Fprintf(e.Stdout, "ran: %s\n", plan.Activate)
 	return ExitOK
+}
+
+// noteReach says so when a controller's `ssh HOST agent-wrap` would not find
+// bin: a non-interactive ssh command gets sshd's default PATH. This is a
+// prediction from this side; deploy checks over ssh itself.
+func (e *Env) noteReach(bin string) {
+	r := deploy.LocalReach(bin, deploy.SSHDefaultPath(os.Geteuid()), e.Getenv("HOME"), e.Getenv("SHELL"))
+	if r.OnPath() {
+		return
+	}
+	fmt.Fprintf(e.Stdout, "note: 'ssh HOST agent-wrap' will not find %s: a non-interactive ssh command gets sshd's PATH (%s on Debian)\n",
+		bin, strings.Join(r.Path, ":"))
+	for _, f := range r.Fixes() {
+		fmt.Fprintf(e.Stdout, "note: %s\n", f)
+	}
 }
 
 func haveCommand(name string) bool {

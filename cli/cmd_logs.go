@@ -2,7 +2,6 @@ package cli
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"time"
@@ -13,7 +12,14 @@ import (
 )
 
 func init() {
-	register(&command{name: "logs", summary: "print a run's log, following it with -f: logs [-f] [--stderr] RUN_ID", run: runLogs})
+	register(&command{
+		name:     "logs",
+		summary:  "print a run's log; with -f, follow it until the run is over",
+		synopsis: "logs [-f] [--stderr] RUN_ID",
+		help:     logsHelp,
+		exits:    "0; 4 with -f, the run can never end by itself (its outcome is unknown); 66 no such run; 64 usage; 78 unsafe run root",
+		run:      runLogs,
+	})
 }
 
 const logsHelp = `logs prints the job's stdout.log (--stderr: stderr.log) byte for byte, from
@@ -32,10 +38,6 @@ func runLogs(e *Env, args []string) int {
 	follow := fs.BoolP("follow", "f", false, "follow the log until the run is terminal")
 	errLog := fs.Bool("stderr", false, "print stderr.log instead of stdout.log")
 	fs.SetInterspersed(true) // no job argv here: flags may follow RUN_ID
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap logs [-f] [--stderr] RUN_ID\n\n"+logsHelp+"\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

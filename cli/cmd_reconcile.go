@@ -11,25 +11,25 @@ import (
 )
 
 func init() {
-	register(&command{name: "reconcile", summary: "say what happened to runs: reconcile [--json] RUN_ID... | --all", run: runReconcile})
+	register(&command{
+		name:     "reconcile",
+		summary:  "say what happened to runs, without acting",
+		synopsis: "reconcile [--json] RUN_ID... | reconcile [--json] --all",
+		help:     reconcileHelp,
+		exits: "0 all completed or cancelled; 3 some running (none unknown); 4 some unknown (4 wins over 3); " +
+			"66 some named run does not exist (wins over both); 64 usage; 78 unsafe run root",
+		run: runReconcile,
+	})
 }
 
 const reconcileHelp = `reconcile reads a run's record and the live process table and says, without
-acting, what happened to it: completed, cancelled, running or unknown.
-
-exit: 0 all completed or cancelled; 3 some running (none unknown); 4 some
-unknown (4 wins over 3); 66 some named run does not exist (wins over both).
-`
+acting, what happened to it: completed, cancelled, running or unknown.`
 
 func runReconcile(e *Env, args []string) int {
 	fs := e.flags("reconcile")
 	asJSON := fs.Bool("json", false, "one JSON object per line per run: run_id, outcome, exit_code, reason, supervisor, evidence")
 	all := fs.Bool("all", false, "every run under the root")
 	fs.SetInterspersed(true) // RUN_IDs only, no job argv: flags may come anywhere
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap reconcile [--json] RUN_ID... | --all\n\n"+reconcileHelp+"\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

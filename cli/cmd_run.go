@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -15,7 +18,17 @@ import (
 )
 
 func init() {
-	register(&command{name: "run", summary: "run a job under a lease: run [FLAGS] RUN_ID -- CMD [ARG...]", run: runRun})
+	register(&command{
+		name:     "run",
+		summary:  "run a job under a lease, in a new session, recorded in ROOT/RUN_ID",
+		synopsis: "run [FLAGS] RUN_ID [FLAGS] -- CMD [ARG...]\n       agent-wrap [--root DIR] RUN_ID [FLAGS] [--] CMD [ARG...]",
+		help:     runHelp,
+		exits: "the job's code; 128+N the job died of signal N; 143/130/129 cancelled by TERM/INT/HUP; " +
+			"124 lease expired; 127/126 command not found/not executable; 70 other launch failure; " +
+			"75 the ID is taken by a live run or one whose outcome is unknown; 64 usage; 78 unsafe run root; " +
+			"125 agent-wrap failed before the job could start",
+		run: runRun,
+	})
 }
 
 // durationValue is a pflag value that takes a Go duration ("90s", "5m") or
@@ -43,6 +56,17 @@ func (d *durationValue) Set(s string) error {
 	return nil
 }
 
+const runHelp = `run claims RUN_ID (the directory ROOT/RUN_ID: an ID is used once, ever),
+starts CMD in a session of its own, streams its output here while it can,
+and stops the whole process group (TERM, grace, KILL) when the lease passes,
+on a cancel, or on TERM, INT or HUP to agent-wrap. Run the same ID again and
+the command is not run twice: you get the recorded outcome.
+
+Flags may stand before RUN_ID, or between RUN_ID and a "--" that ends them.
+Every usage error is found before the claim, so a mistake never uses up an
+ID. In the short form (no "run"), a RUN_ID that is a command name or one or
+two typing slips from one is refused: say "run" to use it.`
+
 type runFlags struct {
 	lease, grace durationValue
 	detach       bool
@@ -68,22 +92,9 @@ func runRun(e *Env, args []string) int {
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
-	args = fs.Args()
-	if len(args) == 0 {
-		return e.usageError("run needs a RUN_ID and a command")
-	}
-	id := args[0]
-	if err := rundir.ValidID(id); err != nil {
-		e.errorf("%v", err)
-		e.hint("run IDs match %s", rundir.IDPattern)
-		return ExitUsage
-	}
-	argv := args[1:]
-	if len(argv) > 0 && argv[0] == "--" {
-		argv = argv[1:]
-	}
-	if len(argv) == 0 {
-		return e.usageError("run %s: no command given", id)
+	id, argv, code := e.runArgs(fs, fs.Args())
+	if code != 0 {
+		return code
 	}
 	if rf.onHangup != wrapper.HangupCancel && rf.onHangup != wrapper.HangupIgnore {
 		return e.usageError("--on-hangup must be cancel or ignore, not %q", rf.onHangup)
@@ -131,13 +142,99 @@ func runRun(e *Env, args []string) int {
 		if errors.Is(err, rundir.ErrExists) {
 			return e.existingRun(root, id)
 		}
-		e.errorf("run %s: %v", id, err)
+		// Nothing was started. The error names the run and the path.
+		e.errorf("run %s not started: %v", id, err)
 		if rundir.IsUnsafe(err) {
 			return ExitUnsafeRoot
 		}
-		return ExitFailure
+		e.hint("the job did not run and can be run again under the same ID once %s is writable (and has space), or choose another run root with --root DIR", root.Path)
+		return ExitCannot
 	}
 	return res.Code
+}
+
+// runArgs takes what follows run's leading flags, RUN_ID [FLAGS] [--] CMD
+// [ARG...], parses flags that stand between RUN_ID and "--" into fs, and
+// returns the ID and the job's argv. Every check of the command line is
+// here, before anything is claimed; code is non-zero (and printed) when the
+// line is refused.
+func (e *Env) runArgs(fs *pflag.FlagSet, args []string) (id string, argv []string, code int) {
+	if len(args) == 0 {
+		return "", nil, e.usageError("run needs a RUN_ID and a command")
+	}
+	id, rest := args[0], args[1:]
+	if err := rundir.ValidID(id); err != nil {
+		e.errorf("%v", err)
+		e.hint("run IDs match %s", rundir.IDPattern)
+		return "", nil, ExitUsage
+	}
+	if e.shortForm {
+		if near := nearCommands(id); len(near) > 0 {
+			return "", nil, e.refuseNearCommand(id, near, rest)
+		}
+	}
+	// Flags between RUN_ID and "--" are run's flags: `ID --lease 1s -- CMD`.
+	if len(rest) > 0 && rest[0] != "--" && strings.HasPrefix(rest[0], "-") {
+		end := slices.Index(rest, "--")
+		if end < 0 {
+			e.errorf("%q after RUN_ID %s starts with '-', so it is not a command; flags there must end with \"--\"", rest[0], id)
+			fixed := "agent-wrap " + id + " [FLAGS] -- CMD [ARG...]"
+			if err := fs.Parse(rest); err == nil && fs.NArg() > 0 {
+				n := len(rest) - fs.NArg()
+				fixed = shellLine(slices.Concat([]string{"agent-wrap", id}, rest[:n], []string{"--"}, rest[n:]))
+			}
+			e.hint("nothing was run and the ID %s is still free; did you mean: %s", id, fixed)
+			return "", nil, ExitUsage
+		}
+		if c, ok := e.parse(fs, rest[:end]); !ok {
+			return "", nil, c
+		}
+		if fs.NArg() > 0 {
+			e.errorf("%q between RUN_ID %s and \"--\" is not a flag of run", fs.Arg(0), id)
+			e.hint("the command goes after \"--\": agent-wrap run %s [FLAGS] -- CMD [ARG...]", id)
+			return "", nil, ExitUsage
+		}
+		rest = rest[end:]
+	}
+	if len(rest) > 0 && rest[0] == "--" {
+		rest = rest[1:]
+	}
+	if len(rest) == 0 {
+		if e.shortForm {
+			e.errorf("%q is not a command, and as a run ID it has no command to run", id)
+			e.hint("'agent-wrap help' lists the commands; to run a job: agent-wrap %s -- CMD [ARG...]", id)
+			return "", nil, ExitUsage
+		}
+		return "", nil, e.usageError("run %s: no command given", id)
+	}
+	if strings.HasPrefix(rest[0], "-") {
+		e.errorf("the command %q starts with '-': it is not a program but a flag", rest[0])
+		e.hint("flags of run go before \"--\", the command after it: agent-wrap run [FLAGS] %s -- CMD [ARG...]", id)
+		return "", nil, ExitUsage
+	}
+	return id, rest, 0
+}
+
+// refuseNearCommand refuses a short-form RUN_ID that is a command name or a
+// slip from one, naming the commands meant and the explicit form that runs
+// the job under that ID anyway.
+func (e *Env) refuseNearCommand(id string, near []string, rest []string) int {
+	if slices.Contains(near, id) {
+		e.errorf("%q is a command, so it cannot be a run ID in the short form", id)
+	} else {
+		e.errorf("%q is not a command; did you mean %s?", id, orList(near))
+	}
+	job := rest
+	if len(job) > 0 && job[0] == "--" {
+		job = job[1:]
+	}
+	explicit := "CMD [ARG...]"
+	if len(job) > 0 {
+		explicit = shellLine(job)
+	}
+	e.hint("to run a job under the run ID %s, name the run command: agent-wrap run %s -- %s", id, id, explicit)
+	e.hint("nothing was run and the ID %s is still free", id)
+	return ExitUsage
 }
 
 // existingRun answers a second `run` with an ID already claimed: the command

@@ -13,7 +13,13 @@ var (
 )
 
 func init() {
-	register(&command{name: "version", summary: "print version, commit and Go version", run: runVersion})
+	register(&command{
+		name:     "version",
+		summary:  "print version, commit and Go version",
+		synopsis: "version",
+		exits:    "0",
+		run:      runVersion,
+	})
 }
 
 // Version returns the stamped version and commit (commit falls back to the

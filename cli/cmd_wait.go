@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/reconcile"
@@ -10,7 +9,14 @@ import (
 )
 
 func init() {
-	register(&command{name: "wait", summary: "wait for a run to end and exit with its code: wait [--timeout D] RUN_ID", run: runWait})
+	register(&command{
+		name:     "wait",
+		summary:  "wait for a run to end and exit with its code",
+		synopsis: "wait [--timeout D] RUN_ID",
+		help:     waitHelp,
+		exits:    "as run would have exited for this run; 75 --timeout passed or the outcome is unknown; 66 no such run; 64 usage; 78 unsafe run root",
+		run:      runWait,
+	})
 }
 
 const waitHelp = `wait blocks until the run is terminal and exits as run would have: the
@@ -106,10 +112,6 @@ func runWait(e *Env, args []string) int {
 	fs := e.flags("wait")
 	var timeout durationValue
 	fs.Var(&timeout, "timeout", "give up after `D` and exit 75; 0 waits as long as the run lives")
-	fs.Usage = func() {
-		fmt.Fprint(e.Stderr, "usage: agent-wrap wait [--timeout D] RUN_ID\n\n"+waitHelp+"\n")
-		fs.PrintDefaults()
-	}
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}

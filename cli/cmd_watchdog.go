@@ -15,7 +15,17 @@ import (
 )
 
 func init() {
-	register(&command{name: "watchdog", summary: "stop runs whose lease expired after their wrapper died: watchdog [--once] [--interval D]", run: runWatchdog})
+	register(&command{
+		name:     "watchdog",
+		summary:  "stop runs whose lease passed while no wrapper enforced it",
+		synopsis: "watchdog [--once] [--interval D] [--grace D]",
+		help: `One watchdog per run root (it holds a lock). Each pass stops every run whose
+deadline has passed and whose wrapper is dead or has not acted within a few
+seconds, and prints one JSON line per action. cron runs --once; systemd runs
+the loop ('agent-wrap install' sets either up).`,
+		exits: "0; 1 the run root could not be watched (another watchdog holds it, or it is unreadable); 64 usage; 78 unsafe run root",
+		run:   runWatchdog,
+	})
 }
 
 // runWatchdog holds the root's watchdog lock (one instance per root) and

@@ -56,25 +56,25 @@ func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
 	exe, err := os.Executable()
 	if err != nil {
 		e.errorf("run %s: --detach: cannot find this program to start the supervisor: %v", id, err)
-		return ExitSoftware
+		return ExitCannot
 	}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		e.errorf("run %s: --detach: %v", id, err)
-		return ExitSoftware
+		return ExitCannot
 	}
 	defer devnull.Close()
 	repR, repW, err := os.Pipe()
 	if err != nil {
 		e.errorf("run %s: --detach: %v", id, err)
-		return ExitSoftware
+		return ExitCannot
 	}
 	defer repR.Close()
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		repW.Close()
 		e.errorf("run %s: --detach: %v", id, err)
-		return ExitSoftware
+		return ExitCannot
 	}
 	defer errR.Close()
 
@@ -97,7 +97,7 @@ func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
 	errW.Close()
 	if err != nil {
 		e.errorf("run %s: --detach: cannot start the supervisor: %v", id, err)
-		return ExitSoftware
+		return ExitCannot
 	}
 	relayed := make(chan struct{})
 	go func() {

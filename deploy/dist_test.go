@@ -145,11 +145,11 @@ func TestDeployLoopback(t *testing.T) {
 	deployArgs = append(deployArgs, "--dist", d, "--cron", "--dest-root", dest, "--run-root", runs, s.Destination())
 
 	out, errOut, code := run(t, workstation, deployArgs...)
-	if want := s.Destination() + " ok: linux/amd64, 2 of 2 files changed\n"; code != 0 || out != want {
+	if want := s.Destination() + " ok: linux/amd64, 2 of 2 files changed; not checked over ssh (files written under --dest-root, or --dry-run)\n"; code != 0 || out != want {
 		t.Fatalf("first deploy: exit %d, stdout %q, want 0 and %q\nstderr: %s\nsshd log:\n%s", code, out, want, errOut, s.Log())
 	}
 	out, errOut, code = run(t, workstation, deployArgs...)
-	if want := s.Destination() + " ok: linux/amd64, unchanged\n"; code != 0 || out != want {
+	if want := s.Destination() + " ok: linux/amd64, unchanged; not checked over ssh (files written under --dest-root, or --dry-run)\n"; code != 0 || out != want {
 		t.Fatalf("second deploy: exit %d, stdout %q, want 0 and %q\nstderr: %s", code, out, want, errOut)
 	}
 
@@ -198,7 +198,7 @@ func TestDeployLoopback(t *testing.T) {
 		args = append(args, "--dist", d, "--systemd", "--dest-root", t.TempDir(), "--run-root", runs, s.Destination())
 		out, errOut, code := run(t, workstation, args...)
 		want := s.Destination() + " ok: linux/amd64, 4 of 4 files changed; to do there: " +
-			"systemctl daemon-reload && systemctl enable agent-wrap-watchdog.service && systemctl restart agent-wrap-watchdog.service\n"
+			"systemctl daemon-reload && systemctl enable agent-wrap-watchdog.service && systemctl restart agent-wrap-watchdog.service; not checked over ssh (files written under --dest-root, or --dry-run)\n"
 		if code != 0 || out != want {
 			t.Errorf("exit %d, stdout %q, want 0 and %q\nstderr: %s", code, out, want, errOut)
 		}
@@ -274,7 +274,7 @@ func TestDeployOneHostDown(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if code != 1 || len(lines) != 2 ||
 		!strings.HasPrefix(lines[0], bad+" failed: ssh: ") || !strings.Contains(lines[0], "Connection refused") ||
-		lines[1] != good+" ok: linux/amd64, 2 of 2 files changed" {
+		lines[1] != good+" ok: linux/amd64, 2 of 2 files changed; not checked over ssh (files written under --dest-root, or --dry-run)" {
 		t.Fatalf("exit %d, stdout:\n%s\nwant 1, %q failed (connection refused) then %q ok\nstderr: %s", code, out, bad, good, errOut)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -43,7 +44,13 @@ type Result struct {
 	Output  string   // the remote install's output
 	Ran     bool     // the remote install started the watchdog itself
 	Next    []string // commands the remote install left for the operator
-	Err     error    // nil: installed
+	Bin     string   // where the remote install put the binary
+	// Reachable: `ssh HOST agent-wrap version`, as a controller calls it,
+	// ran the binary just installed. False when the check was not made
+	// (--dest-root, --dry-run) or failed (then Err says so).
+	Reachable bool
+	Hints     []string // what to do about Err, best first
+	Err       error    // nil: installed, and reachable unless not checked
 }
 
 // String is the one line the deploy command prints for the host.
@@ -60,6 +67,11 @@ func (r Result) String() string {
 	}
 	if len(r.Next) > 0 {
 		what += "; to do there: " + strings.Join(r.Next, "; ")
+	}
+	if r.Reachable {
+		what += "; 'ssh " + r.Host + " agent-wrap version' runs " + r.Bin
+	} else {
+		what += "; not checked over ssh (files written under --dest-root, or --dry-run)"
 	}
 	return fmt.Sprintf("%s ok: linux/%s, %s", r.Host, r.Arch, what)
 }
@@ -138,7 +150,10 @@ func (r *Remote) Deploy(ctx context.Context, host string) (res Result) {
 			res.Ran = true
 			continue
 		}
-		verb, _, ok := strings.Cut(line, ": /")
+		verb, path, ok := strings.Cut(line, ": /")
+		if ok && res.Bin == "" && strings.HasSuffix(path, "/bin/agent-wrap") {
+			res.Bin = "/" + path // the binary is the first file install names
+		}
 		switch {
 		case !ok:
 		case verb == "unchanged":
@@ -152,7 +167,49 @@ func (r *Remote) Deploy(ctx context.Context, host string) (res Result) {
 		res.Err = fmt.Errorf("install: %w", err)
 		return res
 	}
+
+	// 5. Call it as a controller will: `ssh HOST agent-wrap version`, a
+	// non-interactive command with sshd's PATH, not a login shell's.
+	if slices.Contains(r.InstallArgs, "--dest-root") || slices.Contains(r.InstallArgs, "--dry-run") {
+		return res // the files are not where a controller would look
+	}
+	r.checkReach(ctx, &res)
 	return res
+}
+
+// checkReach runs `agent-wrap version` on the host the way a controller
+// will, and compares it with the installed binary's own answer. On a
+// mismatch it asks the host for its non-interactive PATH and sets Err and
+// the Hints that fix it.
+func (r *Remote) checkReach(ctx context.Context, res *Result) {
+	if res.Bin == "" {
+		res.Err = errors.New("the remote install did not say where it put the binary")
+		return
+	}
+	out, err := r.ssh(ctx, res.Host, nil, ShellQuote(res.Bin)+" version")
+	want, verr := versionLine(string(out))
+	if err != nil || verr != nil {
+		res.Err = fmt.Errorf("the installed %s does not run: %v", res.Bin, errors.Join(err, verr))
+		return
+	}
+	out, err = r.ssh(ctx, res.Host, nil, "agent-wrap version")
+	got, verr := versionLine(string(out))
+	switch {
+	case err != nil:
+		err = fmt.Errorf("%w: 'ssh %s agent-wrap version' fails: %v", errNotReachable, res.Host, err)
+	case verr != nil:
+		err = fmt.Errorf("%w: 'ssh %s agent-wrap version': %v", errNotReachable, res.Host, verr)
+	case got != want:
+		err = fmt.Errorf("%w: 'ssh %s agent-wrap version' runs another agent-wrap (%s), not the one installed (%s)", errNotReachable, res.Host, got, want)
+	default:
+		res.Reachable = true
+		return
+	}
+	res.Err = fmt.Errorf("installed %s, but it is %w", res.Bin, err)
+	probe, _ := r.ssh(ctx, res.Host, nil, ReachProbe)
+	for _, f := range ParseReach(res.Bin, string(probe)).Fixes() {
+		res.Hints = append(res.Hints, strings.ReplaceAll(f, " HOST ", " "+res.Host+" "))
+	}
 }
 
 // build reads dist/agent-wrap-linux-ARCH and checks it against

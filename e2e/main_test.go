@@ -20,8 +20,8 @@
 //	TestDetachOverSSH                   run --detach over ssh -tt, then logs -f, cancel, wait
 //	TestWatchdogStopsRunOfDeadWrapper   wrapper SIGKILLed: watchdog --once enforces the lease
 //
-// Run them with `go test ./e2e` (as root, with openssh-server installed; they
-// skip without it, and fail under CI=true). Scenarios whose agent-wrap
+// Run them with `go test ./e2e` (as root, with openssh-server installed;
+// without it the package fails at once, naming what to install). Scenarios whose agent-wrap
 // commands do not exist (as listed by `agent-wrap help`) skip, naming the
 // missing command. README.md's "Controller side" section is what these tests back.
 package e2e
@@ -62,6 +62,13 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	// Every test here needs OpenSSH. Without it they would all skip and
+	// the package would print "ok": fail at once instead, saying why.
+	if err := sshtest.Missing(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: every test here runs through a real OpenSSH server, and %v\n"+
+			"e2e: install it with: apt-get install openssh-server openssh-client (or run .ci/deps as root)\n", err)
+		return 1
+	}
 	dir, err := os.MkdirTemp("", "agent-wrap-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)

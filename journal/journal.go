@@ -10,7 +10,7 @@
 // sync set is fsynced before Append returns: that is how an intent is on disk
 // before the first signal is sent. The journal never holds environment
 // values, tokens or command output: callers pass only the fields named in
-// CONTRACT.md.
+// docs/reference.md.
 package journal
 
 import (

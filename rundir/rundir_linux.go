@@ -87,7 +87,7 @@ func (r *Root) Create(id string) (*Dir, error) {
 		if err == unix.EEXIST {
 			return nil, fmt.Errorf("run %s: %w", id, ErrExists)
 		}
-		return nil, fmt.Errorf("run %s: %w", id, os.NewSyscallError("mkdir", err))
+		return nil, &os.PathError{Op: "mkdir", Path: filepath.Join(r.Path, id), Err: err}
 	}
 	return r.Open(id)
 }

@@ -128,12 +128,29 @@ func (r *Record) Code() int {
 func (r *Record) SetExit(code int) { r.ExitCode = &code }
 
 // Marshal renders the record as indented JSON with a trailing newline.
+//
+// "survivors" is written exactly when the record is terminal, and then
+// always as a list ([] is the promise that nothing outlived the stop): a
+// live run has no survivors to speak of yet, and a null would read as
+// neither.
 func Marshal(r *Record) ([]byte, error) {
+	type plain Record
+	w := struct {
+		*plain
+		Survivors *[]int `json:"survivors,omitempty"` // shadows Record.Survivors
+	}{plain: (*plain)(r)}
+	if Terminal(r.State) {
+		s := r.Survivors
+		if s == nil {
+			s = []int{}
+		}
+		w.Survivors = &s
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(r); err != nil {
+	if err := enc.Encode(w); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
@@ -171,6 +188,14 @@ func Parse(b []byte) (*Record, error) {
 		if len(r.Escaped[i].Argv) == 0 {
 			r.Escaped[i].Argv = nil
 		}
+	}
+	// Survivors exist once the record is terminal (a list, maybe empty),
+	// never before: the form Marshal writes.
+	switch {
+	case !Terminal(r.State):
+		r.Survivors = nil
+	case r.Survivors == nil:
+		r.Survivors = []int{}
 	}
 	return &r, nil
 }

@@ -24,6 +24,12 @@
 // Where sshd, ssh or ssh-keygen is missing, Start skips the test with a hint
 // to `apt-get install openssh-server`; with CI=true in the environment it fails
 // the test instead, so that a CI host without sshd cannot pass by skipping.
+// $SSHTEST_SSHD overrides sshd's path, so that a machine with OpenSSH can
+// show what one without it does (SSHTEST_SSHD=/nonexistent).
+//
+// Any local account may log in (see DestinationFor) with the throwaway key:
+// authorized_keys is readable by all (a public key is no secret), because
+// sshd reads it with the login user's privileges.
 //
 // # The remote session's environment
 //
@@ -72,8 +78,20 @@ import (
 const Host = "127.0.0.1"
 
 // sshdPath is the absolute path sshd is started from (sshd refuses relative
-// paths: it re-executes itself). A variable so that tests can fake its absence.
+// paths: it re-executes itself). A variable so that tests can fake its
+// absence; $SSHTEST_SSHD overrides it for a whole test process.
 var sshdPath = "/usr/sbin/sshd"
+
+func init() {
+	if p := os.Getenv("SSHTEST_SSHD"); p != "" {
+		sshdPath = p
+	}
+}
+
+// Missing reports the first OpenSSH program this machine lacks for Start
+// (sshd, ssh or ssh-keygen), or nil. Packages whose every test needs sshd
+// call it from TestMain to fail at once rather than skip everything.
+func Missing() error { return checkTools() }
 
 // privsepDir is the directory sshd chroots its unprivileged child into; sshd
 // refuses to start when it is missing. Debian's init scripts create it at boot.
@@ -136,8 +154,18 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatalf("sshtest: %v", err)
 	}
-	authKeys := filepath.Join(dir, "authorized_keys")
-	if err := os.WriteFile(authKeys, pub, 0o600); err != nil {
+	// sshd reads authorized_keys as the login user: keep it where any
+	// account can read it (the test's temp dirs are private).
+	keysDir, err := os.MkdirTemp("", "sshtest-keys-")
+	if err != nil {
+		t.Fatalf("sshtest: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(keysDir) })
+	authKeys := filepath.Join(keysDir, "authorized_keys")
+	if err := os.Chmod(keysDir, 0o755); err != nil {
+		t.Fatalf("sshtest: %v", err)
+	}
+	if err := os.WriteFile(authKeys, pub, 0o644); err != nil {
 		t.Fatalf("sshtest: %v", err)
 	}
 
@@ -360,6 +388,10 @@ func (s *Server) Key() string { return s.key }
 
 // Destination returns user@host for the ssh command line.
 func (s *Server) Destination() string { return s.user + "@" + Host }
+
+// DestinationFor returns name@host: any local account with a valid shell
+// and an unlocked password field may log in with the server's key.
+func (s *Server) DestinationFor(name string) string { return name + "@" + Host }
 
 // Host returns the address the server listens on: always 127.0.0.1.
 func (s *Server) Host() string { return Host }

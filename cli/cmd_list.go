@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/reconcile"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// list judges each run as reconcile does (read-only: reconcile.Gather never
+// signals or writes), so a run whose wrapper was killed shows as what it is,
+// not as the `running` its record still says.
+
+func init() {
+	register(&command{
+		name:     "list",
+		summary:  "list the runs, each with what reconcile says of it now",
+		synopsis: "list [--json]",
+		help:     listHelp,
+		exits:    "0 (no run root yet is no runs); 1 the run root cannot be read; 64 usage; 78 unsafe run root",
+		run:      runList,
+	})
+}
+
+const listHelp = `One line per run: RUN_ID, STATE (the record's state, or "unreadable"),
+OUTCOME (what 'agent-wrap reconcile' says now: completed, cancelled,
+running, running (supervisor lost), unknown), PID, AGE, LEASE_LEFT, EXIT
+and CAUSE. --json prints the same per run as one JSON object per line, every
+field always present: run_id, state, outcome, supervisor, pid, created_at,
+deadline_epoch, exit_code, cause, reason, error ("" or null when not known).`
+
+// listRow is one run in `list --json`, and the source of its table line.
+type listRow struct {
+	RunID         string `json:"run_id"`
+	State         string `json:"state"`      // the record's state; "unreadable" when there is no readable record
+	Outcome       string `json:"outcome"`    // reconcile's outcome now
+	Supervisor    string `json:"supervisor"` // alive, lost or none, as reconcile says
+	PID           int    `json:"pid"`
+	CreatedAt     string `json:"created_at"`
+	DeadlineEpoch *int64 `json:"deadline_epoch"`
+	ExitCode      *int   `json:"exit_code"` // null until the run is terminal
+	Cause         string `json:"cause"`
+	Reason        string `json:"reason"` // reconcile's reason when the outcome is unknown
+	Error         string `json:"error"`  // why the record could not be read
+}
+
+// stateUnreadable is list's STATE for a run without a readable record.
+const stateUnreadable = "unreadable"
+
+func runList(e *Env, args []string) int {
+	fs := e.flags("list")
+	asJSON := fs.Bool("json", false, "one JSON object per line per run")
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 0 {
+		return e.usageError("list takes no arguments")
+	}
+	root, code := e.openRoot(false)
+	if root == nil {
+		if code == ExitNoRun {
+			return ExitOK // no root yet: no runs
+		}
+		return code
+	}
+	defer root.Close()
+	ids, err := root.List()
+	if err != nil {
+		e.errorf("%v", err)
+		return ExitFailure
+	}
+	rows := make([]listRow, 0, len(ids))
+	for _, id := range ids {
+		rows = append(rows, listRowFor(root, id))
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.Stdout)
+		enc.SetEscapeHTML(false)
+		for _, r := range rows {
+			enc.Encode(r)
+		}
+		return ExitOK
+	}
+	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN_ID\tSTATE\tOUTCOME\tPID\tAGE\tLEASE_LEFT\tEXIT\tCAUSE")
+	now := time.Now()
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.State, r.outcomeText(),
+			dash(r.PID > 0, fmt.Sprint(r.PID)), r.age(now), r.leaseLeft(now),
+			dash(r.ExitCode != nil, fmt.Sprint(deref(r.ExitCode))), dash(r.Cause != "", r.Cause))
+	}
+	tw.Flush()
+	return ExitOK
+}
+
+// listRowFor judges one run as reconcile would.
+func listRowFor(root *rundir.Root, id string) listRow {
+	row := listRow{RunID: id}
+	d, err := root.Open(id)
+	if err != nil {
+		row.State, row.Outcome, row.Supervisor, row.Error = stateUnreadable, reconcile.Unknown, reconcile.SupervisorNone, err.Error()
+		row.Reason = "the run directory cannot be opened"
+		return row
+	}
+	defer d.Close()
+	in := reconcile.Gather(d)
+	v := reconcile.Decide(in)
+	row.Outcome, row.Supervisor = v.Outcome, v.Supervisor
+	if v.Outcome == reconcile.Unknown {
+		row.Reason = v.Reason
+	}
+	if in.Deadline != 0 {
+		dl := in.Deadline
+		row.DeadlineEpoch = &dl
+	}
+	if in.Record == nil {
+		row.State = stateUnreadable
+		if in.RecordErr != nil {
+			row.Error = in.RecordErr.Error()
+		}
+		return row
+	}
+	rec := in.Record
+	row.State, row.Cause, row.PID, row.CreatedAt, row.ExitCode = rec.State, rec.Cause, rec.PID, rec.CreatedAt, rec.ExitCode
+	return row
+}
+
+func (r listRow) outcomeText() string {
+	if r.Outcome == reconcile.Running && r.Supervisor == reconcile.SupervisorLost {
+		return "running (supervisor lost)"
+	}
+	return r.Outcome
+}
+
+func (r listRow) age(now time.Time) string {
+	t, err := time.Parse(time.RFC3339Nano, r.CreatedAt)
+	if err != nil {
+		return "-"
+	}
+	return now.Sub(t).Truncate(time.Second).String()
+}
+
+func (r listRow) leaseLeft(now time.Time) string {
+	if r.DeadlineEpoch == nil || statusfile.Terminal(r.State) || r.State == stateUnreadable {
+		return "-"
+	}
+	d := time.Unix(*r.DeadlineEpoch, 0).Sub(now).Truncate(time.Second)
+	if d <= 0 {
+		return "expired"
+	}
+	return d.String()
+}
+
+func dash(ok bool, s string) string {
+	if !ok {
+		return "-"
+	}
+	return s
+}
+
+func deref(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}

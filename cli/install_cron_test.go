@@ -1,0 +1,98 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agent-wrap/agent-wrap/deploy"
+)
+
+// Issue 15 (5): on a host with no cron daemon and no crontab program,
+// `install --cron` used to write its files and report success, and no
+// watchdog would ever run. It refuses now, naming what is missing, before
+// writing anything. The host without cron is simulated: an empty PATH and
+// no system directories to search.
+func TestInstallCronRefusedWithoutCron(t *testing.T) {
+	old := deploy.CronDirs
+	deploy.CronDirs = nil
+	t.Cleanup(func() { deploy.CronDirs = old })
+	t.Setenv("PATH", t.TempDir())
+	home := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--cron", "--user"}, []string{"a cron daemon", "the crontab program"}},
+		{[]string{"--cron"}, []string{"a cron daemon"}},
+		{[]string{"--cron", "--user", "--dry-run"}, []string{"a cron daemon"}},
+	} {
+		var out, errb bytes.Buffer
+		e := &Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+			return map[string]string{"HOME": home, "AGENT_WRAP_ROOT": filepath.Join(home, "runs")}[k]
+		}}
+		code := e.Run(append([]string{"install"}, tc.args...))
+		if code != ExitFailure {
+			t.Errorf("install %v: exit %d, want 1\nstdout: %s\nstderr: %s", tc.args, code, out.String(), errb.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errb.String(), w) {
+				t.Errorf("install %v: stderr lacks %q:\n%s", tc.args, w, errb.String())
+			}
+		}
+		if !strings.Contains(errb.String(), "nothing was installed") {
+			t.Errorf("install %v: stderr does not say nothing was installed:\n%s", tc.args, errb.String())
+		}
+	}
+	for _, p := range []string{".local/bin/agent-wrap", ".config/agent-wrap/watchdog.crontab", "runs"} {
+		if _, err := os.Lstat(filepath.Join(home, p)); err == nil {
+			t.Errorf("%s was written although install refused", p)
+		}
+	}
+}
+
+// Where cron is there (here: a cron daemon and a crontab program on PATH,
+// the crontab a script that keeps what it is given), install --cron --user
+// installs, activates, and, since ~/.local/bin is not on sshd's default
+// PATH, says so with the absolute path to use and the fixes.
+func TestInstallCronUserNotesReach(t *testing.T) {
+	old := deploy.CronDirs
+	deploy.CronDirs = nil
+	t.Cleanup(func() { deploy.CronDirs = old })
+	bin := t.TempDir()
+	kept := filepath.Join(t.TempDir(), "crontab.txt")
+	for name, body := range map[string]string{
+		"cron":    "#!/bin/sh\nexit 0\n",
+		"crontab": "#!/bin/sh\n[ \"$1\" = -l ] && exit 1\ncat >" + kept + "\n",
+	} {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+":/usr/bin:/bin")
+	home := t.TempDir()
+	var out, errb bytes.Buffer
+	e := &Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		return map[string]string{"HOME": home, "AGENT_WRAP_ROOT": filepath.Join(home, "runs"), "SHELL": "/bin/bash"}[k]
+	}}
+	if code := e.Run([]string{"install", "--cron", "--user"}); code != 0 {
+		t.Fatalf("install --cron --user: exit %d\nstdout: %s\nstderr: %s", code, out.String(), errb.String())
+	}
+	installed := filepath.Join(home, ".local/bin/agent-wrap")
+	for _, want := range []string{
+		"installed: " + installed + "\n",
+		"ran: (crontab -l",
+		"note: 'ssh HOST agent-wrap' will not find " + installed,
+		"note: call it by its path: agent-wrap ssh --remote-bin " + installed,
+		`export PATH="$HOME/.local/bin:$PATH"`,
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("install output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if b, err := os.ReadFile(kept); err != nil || !strings.Contains(string(b), installed+" --root "+filepath.Join(home, "runs")+" watchdog --once") {
+		t.Errorf("crontab was given (%v):\n%s", err, b)
+	}
+}

@@ -1,0 +1,49 @@
+package statusfile
+
+import (
+	"strings"
+	"testing"
+)
+
+// Issue 15 (8): a live record said "survivors": null and a terminal one [].
+// Now the field is absent until the record is terminal, and then always a
+// list, even when the writer left it nil; Parse reads each form back as
+// Marshal writes it.
+func TestSurvivorsForm(t *testing.T) {
+	for _, tc := range []struct {
+		state     string
+		survivors []int
+		want      string // "" means absent
+	}{
+		{Starting, nil, ""},
+		{Running, nil, ""},
+		{Cancelling, []int{}, ""},
+		{Finished, nil, `"survivors": []`},
+		{Cancelled, []int{}, `"survivors": []`},
+		{Cancelled, []int{41, 42}, `"survivors": [`},
+		{LaunchFailed, nil, `"survivors": []`},
+	} {
+		rec := &Record{Schema: Schema, RunID: "s1", State: tc.state, Survivors: tc.survivors}
+		if Terminal(tc.state) {
+			rec.SetExit(1)
+		}
+		b, err := Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := string(b)
+		switch {
+		case tc.want == "" && strings.Contains(got, "survivors"):
+			t.Errorf("%s: survivors written for a live record:\n%s", tc.state, got)
+		case tc.want != "" && !strings.Contains(got, tc.want):
+			t.Errorf("%s: want %s in\n%s", tc.state, tc.want, got)
+		}
+		back, err := Parse(b)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.state, err)
+		}
+		if Terminal(tc.state) != (back.Survivors != nil) {
+			t.Errorf("%s: parsed survivors %#v", tc.state, back.Survivors)
+		}
+	}
+}
