@@ -63,7 +63,11 @@ func handoff(path string) int {
 		return 1
 	}
 	fmt.Println("sent")
-	select {} // a process of the run, holding its end, until the run stops it
+	// A process of the run, holding its end, until the run stops it. (A
+	// bare select{} would be a deadlock the runtime kills, exit 2.)
+	for {
+		time.Sleep(time.Hour)
+	}
 }
 
 // spam lists the agent's keys through $SSH_AUTH_SOCK as fast as it can,
