@@ -68,8 +68,8 @@ const (
 // SessionBind is the one extension the relay passes on.
 const SessionBind = "session-bind@openssh.com"
 
-// MaxMessage bounds a request and an answer, as OpenSSH's agent does.
-const MaxMessage = 256 * 1024
+// maxMessage bounds a request and an answer, as OpenSSH's agent does.
+const maxMessage = 256 * 1024
 
 // Request names, as journaled.
 const (
@@ -429,7 +429,7 @@ func readMessage(r io.Reader) ([]byte, error) {
 		return nil, err
 	}
 	l := binary.BigEndian.Uint32(n[:])
-	if l == 0 || l > MaxMessage {
+	if l == 0 || l > maxMessage {
 		return nil, fmt.Errorf("agentrelay: message of %d bytes", l)
 	}
 	msg := make([]byte, l)

@@ -275,7 +275,7 @@ func TestRelayMalformed(t *testing.T) {
 		t.Fatalf("seen %+v", reqs)
 	}
 	var big [4]byte
-	binary.BigEndian.PutUint32(big[:], MaxMessage+1)
+	binary.BigEndian.PutUint32(big[:], maxMessage+1)
 	if _, err := c.Write(big[:]); err != nil {
 		t.Fatal(err)
 	}

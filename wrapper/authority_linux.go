@@ -27,15 +27,15 @@ const (
 
 // Environment variables the job's environment is built with.
 const (
-	EnvRunID    = "AGENT_WRAP_RUN_ID"
-	EnvAuthSock = "SSH_AUTH_SOCK"
+	envRunID    = "AGENT_WRAP_RUN_ID"
+	envAuthSock = "SSH_AUTH_SOCK"
 )
 
-// AgentMode resolves a requested mode against the wrapper's own
+// agentMode resolves a requested mode against the wrapper's own
 // SSH_AUTH_SOCK: "" is AgentScoped when there is an agent and AgentNone
 // when there is not; with no agent there is nothing to scope or pass on, so
 // every mode is AgentNone.
-func AgentMode(mode, upstream string) string {
+func agentMode(mode, upstream string) string {
 	if upstream == "" {
 		return AgentNone
 	}
@@ -60,8 +60,8 @@ type scope struct {
 // the run's relay. It runs after the claim and before the job starts, so
 // the job's environment can name the socket.
 func (s *supervisor) startAuthority() error {
-	upstream := os.Getenv(EnvAuthSock)
-	s.scope = &scope{mode: AgentMode(s.cfg.Agent, upstream), upstream: upstream, live: make(chan struct{})}
+	upstream := os.Getenv(envAuthSock)
+	s.scope = &scope{mode: agentMode(s.cfg.Agent, upstream), upstream: upstream, live: make(chan struct{})}
 	s.scope.gate = authority.Gate{Dir: s.d, Member: func(_ *statusfile.Record, pid int, start uint64) bool {
 		_, err := s.contains(pid, start)
 		return err == nil
@@ -93,16 +93,16 @@ func (s *supervisor) jobEnv() []string {
 	for _, kv := range env {
 		name, _, _ := strings.Cut(kv, "=")
 		switch {
-		case name == EnvRunID:
+		case name == envRunID:
 			continue
-		case name == EnvAuthSock && s.scope.mode != AgentInherit:
+		case name == envAuthSock && s.scope.mode != AgentInherit:
 			continue
 		}
 		out = append(out, kv)
 	}
-	out = append(out, EnvRunID+"="+s.cfg.ID)
+	out = append(out, envRunID+"="+s.cfg.ID)
 	if s.scope.relay != nil {
-		out = append(out, EnvAuthSock+"="+s.scope.relay.Path())
+		out = append(out, envAuthSock+"="+s.scope.relay.Path())
 	}
 	return out
 }

@@ -58,8 +58,8 @@ type Config struct {
 	// Cgroup is CgroupAuto (the run gets its own cgroup v2 where the host
 	// lets us create one) or CgroupOff.
 	Cgroup string
-	// Agent is AgentScoped, AgentInherit, AgentNone, or "" for scoped
-	// when the wrapper has an SSH_AUTH_SOCK (see AgentMode).
+	// Agent is AgentScoped, AgentInherit, AgentNone, or "" (scoped). With
+	// no SSH_AUTH_SOCK in the process's environment every mode is none.
 	Agent string
 
 	// Stdin becomes the job's fd 0; nil means /dev/null.
