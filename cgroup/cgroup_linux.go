@@ -1,13 +1,15 @@
 // Package cgroup gives a run its own cgroup v2 where the host delegates a
-// writable subtree to the caller, so a stop can end with cgroup.kill: a
-// boundary no descendant can leave by setsid or double-forking.
+// writable subtree to the caller, so a stop can end with cgroup.kill (see
+// stop.KillCgroup): a boundary no descendant can leave by setsid or
+// double-forking. This package makes, lists and removes cgroups; it never
+// signals.
 //
 // Requirements, probed at run time: a cgroup2 mount (unified or hybrid
 // hierarchy), write access to the caller's own cgroup directory (root, or
 // a subtree delegated by systemd), clone3 with CLONE_INTO_CGROUP (Linux 5.7)
 // to start the job inside the cgroup with no window outside it, and
-// cgroup.kill (Linux 5.14) to kill it whole; without cgroup.kill, Kill falls
-// back to signalling every PID listed in cgroup.procs. When any of this is
+// cgroup.kill (Linux 5.14) to kill it whole; without cgroup.kill, a stop
+// falls back to signalling every PID listed in cgroup.procs. When any of this is
 // missing the run falls back to its session and the wrapper's subreaper
 // tree, which contain everything but a process that leaves both.
 package cgroup
@@ -168,20 +170,6 @@ func Procs(path string) ([]int, error) {
 		}
 	}
 	return out, nil
-}
-
-// Kill kills every process in the cgroup with cgroup.kill (Linux 5.14),
-// which the kernel applies to the whole cgroup at once, forks in flight
-// included. Where cgroup.kill is missing it returns an error wrapping
-// os.ErrNotExist and the caller signals the PIDs itself.
-func Kill(path string) error {
-	f, err := os.OpenFile(filepath.Join(path, "cgroup.kill"), os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = f.WriteString("1")
-	return err
 }
 
 // Remove deletes the cgroup; it fails (EBUSY) while a process is in it.

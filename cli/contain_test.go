@@ -86,7 +86,9 @@ func TestEscapesStopped(t *testing.T) {
 				t.Fatalf("cancel: %d %s %s", code, out, stderr)
 			}
 		}, statusfile.Cancelled},
-		{"lease", []string{"--lease", "2s"}, "sleep 300", nil, statusfile.Cancelled},
+		{"lease", []string{"--lease", "5m"}, "sleep 300", func(t *testing.T, root string, r runtest.Run, rec *statusfile.Record) {
+			endLease(t, root, r) // once the escapes are recorded
+		}, statusfile.Cancelled},
 		{"leader-exit", nil, "sleep 1; exit 0", nil, statusfile.Finished},
 	} {
 		for _, cg := range []string{"auto", "off"} {
@@ -202,11 +204,16 @@ func TestForkingJobStoppedCanaryUntouched(t *testing.T) {
 }
 
 // No zombie lingers under the wrapper after a descendant exits: orphans
-// reparented to it (it is their subreaper) are reaped at once.
+// reparented to it (it is their subreaper) are reaped at once, those of the
+// job's start and those it makes later, while the wrapper is idle in its
+// loop.
 func TestNoZombiesUnderWrapper(t *testing.T) {
 	root := runtest.NewRoot(t)
-	// Five orphans that exit after a moment, reparented to the wrapper.
-	job := `for i in 1 2 3 4 5; do (sleep 0.2 &); done; sleep 300`
+	// Five orphans that exit after a moment, reparented to the wrapper; on
+	// USR1, five more that live 2 s.
+	job := `trap 'for i in 1 2 3 4 5; do (sleep 2 &); done' USR1
+for i in 1 2 3 4 5; do (sleep 0.2 &); done
+while :; do sleep 0.1; done`
 	c, r := startRun(t, root, "zombies", "zombies", "--", "sh", "-c", job)
 	rec := r.WaitState(t, statusfile.Running)
 	children := func() (live, zombies []int) {
@@ -226,16 +233,35 @@ func TestNoZombiesUnderWrapper(t *testing.T) {
 		live, zombies := children()
 		return len(live) == 1 && len(zombies) == 0 // only the leader
 	})
-	// Watch a while longer: no zombie child appears and stays.
-	for i := 0; i < 20; i++ {
-		if _, z := children(); len(z) > 0 {
-			if runtest.Within(2*time.Second, func() bool { _, z := children(); return len(z) == 0 }) {
-				continue
-			}
-			t.Fatalf("zombie children of the wrapper linger: %v", z)
-		}
-		time.Sleep(50 * time.Millisecond) // sampling the process table, not synchronisation
+
+	// Orphans made now, while we watch: each is seen alive under the
+	// wrapper, then exits, and its zombie is gone within 2 s.
+	if err := unix.Kill(rec.PID, unix.SIGUSR1); err != nil {
+		t.Fatal(err)
 	}
+	seen := map[int]bool{}
+	runtest.Eventually(t, "five new orphans reparented to the wrapper", func() bool {
+		live, _ := children()
+		for _, p := range live {
+			if p != rec.PID {
+				seen[p] = true
+			}
+		}
+		return len(seen) == 5
+	})
+	lingering := map[int]time.Time{}
+	runtest.Eventually(t, "the new orphans to exit and be reaped", func() bool {
+		live, zombies := children()
+		now := time.Now()
+		for _, z := range zombies {
+			if first, ok := lingering[z]; !ok {
+				lingering[z] = now
+			} else if now.Sub(first) > 2*time.Second {
+				t.Fatalf("zombie child %d of the wrapper lingers for %v", z, now.Sub(first))
+			}
+		}
+		return len(live) == 1 && len(zombies) == 0
+	})
 	unix.Kill(rec.WrapperPID, unix.SIGTERM)
 	c.Wait(t)
 	r.AssertGroupEmpty(t)

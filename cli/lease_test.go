@@ -36,31 +36,63 @@ func seqOf(es []journal.Entry, event string) int64 {
 	return -1
 }
 
-// A 2 s lease renewed every second lives on; once renewals stop, the
-// wrapper stops it within lease + 2 s (cause lease, exit 124), and a renewal
-// afterwards is refused while the job stays dead.
+// endLease ends a run's lease on demand (renew --lease 1s) and returns the
+// new deadline: tests start runs with a long lease and end it when their
+// checks are made, instead of racing a short lease.
+func endLease(t *testing.T, root string, r runtest.Run) time.Time {
+	t.Helper()
+	if code, _, stderr := aw(t, root, "renew", "--lease", "1s", r.ID); code != 0 {
+		t.Fatalf("renew --lease 1s %s: exit %d: %s", r.ID, code, stderr)
+	}
+	return time.Unix(deadlineOf(t, r), 0)
+}
+
+func deadlineOf(t *testing.T, r runtest.Run) int64 {
+	t.Helper()
+	dl, err := strconv.ParseInt(strings.TrimSpace(r.File("deadline_epoch")), 10, 64)
+	if err != nil {
+		t.Fatalf("run %s: deadline_epoch: %v", r.ID, err)
+	}
+	return dl
+}
+
+// A leased run lives on while it is renewed, each renewal moving the
+// deadline on; a renewal that ends the lease (renew --lease 1s) has the
+// wrapper stop it within that lease, plus the second the wrapper takes to
+// see a deadline moved closer, plus 2 s (cause lease, exit 124); and a
+// renewal afterwards is refused while the job stays dead.
 func TestLeaseRenewThenExpire(t *testing.T) {
 	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "l1", "--lease", "2s", "l1", "--", "sh", "-c", "sleep 300 & wait")
+	c, r := startRun(t, root, "l1", "--lease", "5m", "l1", "--", "sh", "-c", "sleep 300 & wait")
 	rec := r.WaitState(t, statusfile.Running)
-	start := time.Now()
-	for time.Since(start) < 6*time.Second {
+	prev := deadlineOf(t, r)
+	for i := 0; i < 3; i++ {
 		if code, _, stderr := aw(t, root, "renew", "l1"); code != 0 {
 			t.Fatalf("renew: exit %d: %s", code, stderr)
 		}
-		time.Sleep(time.Second) // the controller's renewal period, not synchronisation
+		if dl := deadlineOf(t, r); dl < prev {
+			t.Fatalf("renewal %d moved the deadline back: %d, was %d", i+1, dl, prev)
+		} else {
+			prev = dl
+		}
 	}
 	if c.Exited() || !runtest.Alive(rec.PID) {
 		t.Fatalf("run stopped although renewed: %v", r.Status())
 	}
+	if seqOf(r.Journal(t), "lease_renewed") < 0 {
+		t.Fatalf("no lease_renewed in the journal: %v", r.Events(t))
+	}
+	endLease(t, root, r)
 	stopped := time.Now()
 	code := c.Wait(t)
 	took := time.Since(stopped)
 	if code != 124 {
 		t.Fatalf("exit %d, want 124\n%s", code, c.Stderr.String())
 	}
-	if took > 2*time.Second+2*time.Second { // renew lease 2s, rounded up to a whole second, + 2s
-		t.Errorf("stopped %v after the last renewal, want within lease + 2 s", took)
+	// lease 1s, rounded up to a whole second; the wrapper's look at the
+	// deadline, once a second; + 2s
+	if limit := 2*time.Second + time.Second + 2*time.Second; took > limit {
+		t.Errorf("stopped %v after the renewal that ended the lease, want within %v", took, limit)
 	}
 	r.AssertGroupEmpty(t)
 	rec = r.MustStatus(t)
@@ -83,12 +115,11 @@ func TestLeaseRenewThenExpire(t *testing.T) {
 // the first signal, and the run is cancelled.
 func TestWatchdogStopsOrphanedRun(t *testing.T) {
 	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "orphan", "--lease", "2s", "--grace", "2s", "orphan", "--", "sh", "-c", "sleep 300 & wait")
+	c, r := startRun(t, root, "orphan", "--lease", "5m", "--grace", "2s", "orphan", "--", "sh", "-c", "sleep 300 & wait")
 	rec := r.WaitState(t, statusfile.Running)
 	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
 	unix.Kill(rec.WrapperPID, unix.SIGKILL)
 	c.Wait(t)
-	dl, _ := strconv.ParseInt(strings.TrimSpace(r.File("deadline_epoch")), 10, 64)
 	// Before the deadline the watchdog leaves it alone.
 	if code, out, _ := aw(t, root, "watchdog", "--once"); code != 0 || out != "" {
 		t.Fatalf("watchdog before the deadline: exit %d, %q", code, out)
@@ -96,7 +127,8 @@ func TestWatchdogStopsOrphanedRun(t *testing.T) {
 	if len(runtest.Members(rec.PGID)) != 2 {
 		t.Fatal("the job did not outlive its wrapper")
 	}
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(time.Unix(dl, 0)) })
+	dl := endLease(t, root, r)
+	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
 	code, out, stderr := aw(t, root, "watchdog", "--once")
 	if code != 0 {
 		t.Fatalf("watchdog: exit %d: %s", code, stderr)
@@ -238,7 +270,7 @@ func TestPIDReuseLeftAlone(t *testing.T) {
 // reported success is in the journal.
 func TestRenewRacesWatchdog(t *testing.T) {
 	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "race", "--lease", "2s", "--grace", "1s", "race", "--", "sleep", "300")
+	c, r := startRun(t, root, "race", "--lease", "5m", "--grace", "1s", "race", "--", "sleep", "300")
 	rec := r.WaitState(t, statusfile.Running)
 	unix.Kill(rec.WrapperPID, unix.SIGKILL) // the watchdog, not the wrapper, must expire it
 	c.Wait(t)
@@ -256,7 +288,8 @@ func TestRenewRacesWatchdog(t *testing.T) {
 			mu.Unlock()
 		}
 	}
-	// 25 renewals keep the lease alive; then they stop until just before the
+	// 25 renewals of 1 s (the first ends the long lease the run started
+	// with) keep the lease alive; then they stop until just before the
 	// deadline they left, and 25 more arrive concurrently across it, racing
 	// the watchdog's expiry. Whichever wins each time, the journal must show
 	// every success and none after the expiry.
@@ -307,11 +340,11 @@ func TestRenewRacesWatchdog(t *testing.T) {
 // still stopped.
 func TestWatchdogSkipsBrokenRuns(t *testing.T) {
 	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "healthy", "--lease", "1s", "--grace", "1s", "healthy", "--", "sleep", "300")
+	c, r := startRun(t, root, "healthy", "--lease", "5m", "--grace", "1s", "healthy", "--", "sleep", "300")
 	rec := r.WaitState(t, statusfile.Running)
 	unix.Kill(rec.WrapperPID, unix.SIGKILL)
 	c.Wait(t)
-	c2, r2 := startRun(t, root, "nodeadline", "--lease", "1s", "nodeadline", "--", "sleep", "300")
+	c2, r2 := startRun(t, root, "nodeadline", "--lease", "5m", "nodeadline", "--", "sleep", "300")
 	rec2 := r2.WaitState(t, statusfile.Running)
 	unix.Kill(rec2.WrapperPID, unix.SIGKILL)
 	c2.Wait(t)
@@ -321,8 +354,8 @@ func TestWatchdogSkipsBrokenRuns(t *testing.T) {
 	os.WriteFile(filepath.Join(bad, "status.json"), []byte(`{"schema":1,"run_id":"corr`), 0o600)
 	os.WriteFile(filepath.Join(bad, "deadline_epoch"), []byte("1\n"), 0o600)
 
-	dl, _ := strconv.ParseInt(strings.TrimSpace(r.File("deadline_epoch")), 10, 64)
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(time.Unix(dl, 0)) })
+	dl := endLease(t, root, r)
+	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
 	code, out, stderr := aw(t, root, "watchdog", "--once")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)

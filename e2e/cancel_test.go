@@ -23,7 +23,6 @@ func waitMembers(t *testing.T, pgid, n int) []pstat {
 // the first connection ends with exit 143, the record says cancelled, and no
 // process of the group is left.
 func TestCancelOverSecondConnection(t *testing.T) {
-	need(t, "run", "cancel")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "cancel-second"
@@ -55,18 +54,15 @@ func TestCancelOverSecondConnection(t *testing.T) {
 			t.Errorf("journal lacks %q: %v", want, ev)
 		}
 	}
-	if haveCommands["reconcile"] {
-		code, v := h.reconcileJSON(id)
-		if code != 0 || v["outcome"] != "cancelled" {
-			t.Errorf("reconcile: exit %d, %v; want exit 0, outcome cancelled", code, v)
-		}
+	code, v := h.reconcileJSON(id)
+	if code != 0 || v["outcome"] != "cancelled" {
+		t.Errorf("reconcile: exit %d, %v; want exit 0, outcome cancelled", code, v)
 	}
 }
 
 // Scenario 5. Two runs on one account; cancelling one over ssh leaves every
 // process of the other alive.
 func TestCancelLeavesOtherRunAlone(t *testing.T) {
-	need(t, "run", "cancel")
 	t.Parallel()
 	h := newHarness(t)
 	sa := h.start(nil, "run", "--lease", "60s", "--grace", "2s", "victim", "--", "sh", "-c", treeJob)

@@ -14,7 +14,6 @@ import (
 // testdata/controller.sh: renew every second over ssh, stop renewing, then
 // reconcile. The script checks each step; the test adds the /proc evidence.
 func TestControllerLoop(t *testing.T) {
-	need(t, "run", "renew", "reconcile", "wait")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "controller-loop"

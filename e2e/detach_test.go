@@ -12,7 +12,6 @@ import (
 // and waits for the run over further connections. The final cause "cancel"
 // (not "signal:HUP") proves the hangup did not cancel the run.
 func TestDetachOverSSH(t *testing.T) {
-	need(t, "run", "cancel", "wait", "logs")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "detached"

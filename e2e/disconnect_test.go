@@ -73,6 +73,17 @@ func (h *harness) stillRunsAfterDisconnect(id string, r record, deadline time.Ti
 	}
 }
 
+// endLease ends a run's lease on demand with `renew --lease 1s` over ssh, and
+// returns the new deadline: a test starts a run with a long lease, makes its
+// checks while the run must be alive, then ends it, never racing the clock.
+func (h *harness) endLease(id string) time.Time {
+	h.t.Helper()
+	if res := h.ssh("renew", "--lease", "1s", id); res.code != 0 {
+		h.t.Fatalf("renew --lease 1s %s: exit %d\nstderr: %s", id, res.code, res.stderr)
+	}
+	return h.leaseDeadline(id)
+}
+
 // leaseDeadline reads deadline_epoch.
 func (h *harness) leaseDeadline(id string) time.Time {
 	n := readInt(filepath.Join(h.root, id, "deadline_epoch"))
@@ -82,17 +93,16 @@ func (h *harness) leaseDeadline(id string) time.Time {
 	return time.Unix(int64(n), 0)
 }
 
-// Scenario 1. No PTY, a 3 s lease that is never renewed, a job printing
-// continuously, the local ssh client SIGKILLed: losing the stream is not a
-// hangup, so the job runs on past the disconnect, the wrapper survives writing
-// into the dead pipe, the lease then stops the job, and reconcile over a new
-// connection says cancelled.
+// Scenario 1. No PTY, a lease, a job printing continuously, the local ssh
+// client SIGKILLed: losing the stream is not a hangup, so the job runs on past
+// the disconnect, the wrapper survives writing into the dead pipe, the lease
+// then stops the job (ended on demand once the checks are made), and
+// reconcile over a new connection says cancelled.
 func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
-	need(t, "run")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "nopty-disconnect"
-	s := h.start(nil, "run", "--lease", "3s", "--grace", "1s", id, "--", "sh", "-c", printer)
+	s := h.start(nil, "run", "--lease", "5m", "--grace", "1s", id, "--", "sh", "-c", printer)
 	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
 	r := h.waitRunning(id)
 	deadline := h.leaseDeadline(id)
@@ -102,6 +112,7 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 	// Reattach over new connections while the run lives on.
 	checkReattach := h.reattach(id)
 
+	h.endLease(id)
 	final := h.waitTerminal(id)
 	wantFinal(t, final, "cancelled", "lease", 124)
 	waitGroupEmpty(t, r.PGID)
@@ -118,18 +129,14 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 		}
 	}
 
-	if haveCommands["reconcile"] {
-		code, v := h.reconcileJSON(id)
-		if code != 0 || v["outcome"] != "cancelled" {
-			t.Errorf("reconcile over a new connection: exit %d, %v; want exit 0, outcome cancelled", code, v)
-		}
-	} else {
-		t.Log("reconcile not checked: agent-wrap has no reconcile command yet")
+	code, v := h.reconcileJSON(id)
+	if code != 0 || v["outcome"] != "cancelled" {
+		t.Errorf("reconcile over a new connection: exit %d, %v; want exit 0, outcome cancelled", code, v)
 	}
 	checkReattach(124)
 }
 
-// reattach starts, where the commands exist, what a controller that lost its
+// reattach starts what a controller that lost its
 // connection does next: `logs -f` and `wait` over new connections. The
 // returned func, called once the run is terminal, checks that `logs -f`
 // followed to the end and printed stdout.log byte for byte, and that `wait`
@@ -137,39 +144,28 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 // both must still say the same.)
 func (h *harness) reattach(id string) func(code int) {
 	h.t.Helper()
-	var follow, waiter *stream
-	if haveCommands["logs"] {
-		follow = h.start(nil, "logs", "-f", id)
-	}
-	if haveCommands["wait"] {
-		waiter = h.start(nil, "wait", "--timeout", "25s", id)
-	}
-	if follow != nil {
-		var live bool
-		eventually(h.t, "logs -f to print or the run to end", func() bool {
-			st, err := h.status(id)
-			live = err == nil && !st.terminal()
-			return follow.stdout() != "" || !live
-		})
-		h.t.Logf("logs -f attached while the run was live: %v", live)
-	}
+	follow := h.start(nil, "logs", "-f", id)
+	waiter := h.start(nil, "wait", "--timeout", "60s", id)
+	var live bool
+	eventually(h.t, "logs -f to print or the run to end", func() bool {
+		st, err := h.status(id)
+		live = err == nil && !st.terminal()
+		return follow.stdout() != "" || !live
+	})
+	h.t.Logf("logs -f attached while the run was live: %v", live)
 	return func(code int) {
 		h.t.Helper()
-		if follow != nil {
-			got := follow.wait(h.t)
-			want, err := os.ReadFile(filepath.Join(h.root, id, "stdout.log"))
-			if err != nil {
-				h.t.Fatal(err)
-			}
-			if out := follow.stdout(); got != 0 || out != string(want) {
-				h.t.Errorf("logs -f %s over ssh: exit %d, %d bytes; want exit 0 and stdout.log's %d bytes\nstderr: %s",
-					id, got, len(out), len(want), follow.stderr())
-			}
+		got := follow.wait(h.t)
+		want, err := os.ReadFile(filepath.Join(h.root, id, "stdout.log"))
+		if err != nil {
+			h.t.Fatal(err)
 		}
-		if waiter != nil {
-			if got := waiter.wait(h.t); got != code {
-				h.t.Errorf("wait %s over ssh: exit %d, want %d\nstderr: %s", id, got, code, waiter.stderr())
-			}
+		if out := follow.stdout(); got != 0 || out != string(want) {
+			h.t.Errorf("logs -f %s over ssh: exit %d, %d bytes; want exit 0 and stdout.log's %d bytes\nstderr: %s",
+				id, got, len(out), len(want), follow.stderr())
+		}
+		if got := waiter.wait(h.t); got != code {
+			h.t.Errorf("wait %s over ssh: exit %d, want %d\nstderr: %s", id, got, code, waiter.stderr())
 		}
 	}
 }
@@ -178,7 +174,6 @@ func (h *harness) reattach(id string) func(code int) {
 // hangs it up, the wrapper (session leader on that terminal) gets SIGHUP and,
 // by default, cancels the run.
 func TestDisconnectPTYHangupCancels(t *testing.T) {
-	need(t, "run")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "pty-hangup"
@@ -191,22 +186,19 @@ func TestDisconnectPTYHangupCancels(t *testing.T) {
 	final := h.waitTerminal(id)
 	wantFinal(t, final, "cancelled", "signal:HUP", 129)
 	waitGroupEmpty(t, r.PGID)
-	if haveCommands["reconcile"] {
-		code, v := h.reconcileJSON(id)
-		if code != 0 || v["outcome"] != "cancelled" {
-			t.Errorf("reconcile: exit %d, %v; want exit 0, outcome cancelled", code, v)
-		}
+	code, v := h.reconcileJSON(id)
+	if code != 0 || v["outcome"] != "cancelled" {
+		t.Errorf("reconcile: exit %d, %v; want exit 0, outcome cancelled", code, v)
 	}
 }
 
 // Scenario 2b. The same hangup with --on-hangup ignore: the job lives on
-// until its 3 s lease.
+// until its lease ends (on demand, once the checks are made).
 func TestDisconnectPTYHangupIgnored(t *testing.T) {
-	need(t, "run")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "pty-ignore"
-	s := h.start([]string{"-tt"}, "run", "--lease", "3s", "--grace", "1s", "--on-hangup", "ignore", id, "--", "sh", "-c", printer)
+	s := h.start([]string{"-tt"}, "run", "--lease", "5m", "--grace", "1s", "--on-hangup", "ignore", id, "--", "sh", "-c", printer)
 	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
 	r := h.waitRunning(id)
 	deadline := h.leaseDeadline(id)
@@ -214,6 +206,7 @@ func TestDisconnectPTYHangupIgnored(t *testing.T) {
 	h.disconnect(s, r)
 	h.stillRunsAfterDisconnect(id, r, deadline)
 
+	h.endLease(id)
 	final := h.waitTerminal(id)
 	wantFinal(t, final, "cancelled", "lease", 124)
 	waitGroupEmpty(t, r.PGID)

@@ -12,7 +12,6 @@ import (
 // Scenario 4. 10 MB streamed through ssh arrive byte for byte as the job
 // wrote them, and stdout.log holds the same bytes.
 func TestStream10MBByteIdentical(t *testing.T) {
-	need(t, "run")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "stream-10mb"

@@ -10,13 +10,13 @@ import (
 // The lease holds when the supervisor does not: the wrapper of a detached run
 // is SIGKILLed, reconcile over ssh says running with the supervisor lost, and
 // once the deadline has passed `watchdog --once` over ssh stops the group;
-// reconcile then says cancelled.
+// reconcile then says cancelled. The run starts with a long lease, ended on
+// demand (renew --lease 1s) once the wrapper is dead and checked.
 func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
-	need(t, "run", "reconcile", "watchdog")
 	t.Parallel()
 	h := newHarness(t)
 	const id = "orphaned"
-	if res := h.ssh("run", "--detach", "--lease", "3s", "--grace", "1s", id, "--", "sh", "-c", treeJob); res.code != 0 {
+	if res := h.ssh("run", "--detach", "--lease", "5m", "--grace", "1s", id, "--", "sh", "-c", treeJob); res.code != 0 {
 		t.Fatalf("run --detach: exit %d\nstderr: %s", res.code, res.stderr)
 	}
 	r := h.waitRunning(id)
@@ -36,7 +36,8 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 		t.Errorf("reconcile with the wrapper dead: exit %d, %v; want exit 3, outcome running, supervisor lost", code, v)
 	}
 
-	deadline := h.leaseDeadline(id)
+	// End the lease on demand, now that the checks above are made.
+	deadline := h.endLease(id)
 	eventually(t, "the lease deadline to pass", func() bool { return time.Now().After(deadline.Add(time.Second)) })
 	for _, m := range members {
 		if !alive(m.pid, m.start) {

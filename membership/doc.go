@@ -25,7 +25,7 @@
 //
 // A zombie is never a member: it runs nothing. A member is identified by its
 // PID and start time (Member.Identity), so a caller that signals it later
-// through proc.Signal can never hit a recycled PID.
+// through stop.Signal can never hit a recycled PID.
 //
 // What is not guaranteed: without a cgroup, one case stays undecidable from
 // outside. The whole group died, its number was reused by a new session

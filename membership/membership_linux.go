@@ -70,7 +70,7 @@ type Member struct {
 	// group (it left by setsid or setpgid, or the group number was
 	// recycled); a group signal does not reach it.
 	Escaped bool
-	// Identity is what a signal to it must match (see proc.Signal): its PID
+	// Identity is what a signal to it must match (see stop.Signal): its PID
 	// and start time, and for a group member the run's PGID and SID and no
 	// start before the leader's.
 	Identity proc.Identity

@@ -3,7 +3,6 @@ package membership_test
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/membership"
@@ -22,23 +20,10 @@ import (
 )
 
 // start runs argv in a session of its own (setsid) or, with setsid false,
-// in the test's session, and kills its group when the test ends.
+// in a group of its own in the test's session.
 func start(t *testing.T, setsid bool, argv ...string) proc.Stat {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { _ = unix.Kill(-pid, unix.SIGKILL); <-done })
-	st, err := proc.ReadStat(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return runtest.Spawn(t, &unix.SysProcAttr{Setsid: setsid, Setpgid: !setsid}, argv...)
 }
 
 // childOf waits for the first child of pid and returns it.
@@ -283,31 +268,9 @@ func TestFind(t *testing.T) {
 // left the session by setsid too), CgroupMembers finds the same members as
 // Members, and Find goes by the cgroup's name.
 func TestCgroup(t *testing.T) {
-	g, err := cgroup.Create(membership.CgroupName("run-c", os.Getpid()))
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI machines have a writable cgroup v2 tree, but: %v", err)
-		}
-		t.Skipf("no writable cgroup v2 subtree here: %v", err)
-	}
-	t.Cleanup(func() { g.Close(); cgroup.Kill(g.Path); cgroup.Remove(g.Path) })
-	inCgroup := func() proc.Stat {
-		cmd := exec.Command("sleep", "600")
-		cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true, UseCgroupFD: true, CgroupFD: g.FD()}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-		st, err := proc.ReadStat(cmd.Process.Pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	leader := inCgroup()
-	esc := inCgroup() // a session of its own, unrecorded: in the cgroup all the same
+	g := runtest.Cgroup(t, membership.CgroupName("run-c", os.Getpid()))
+	leader := runtest.SpawnIn(t, g, "sleep", "600")
+	esc := runtest.SpawnIn(t, g, "sleep", "600") // a session of its own, unrecorded: in the cgroup all the same
 	rec := record(t, leader)
 	rec.RunID, rec.WrapperPID, rec.Cgroup, rec.Boundary = "run-c", os.Getpid(), g.Path, membership.BoundaryCgroup
 	r := membership.Run{Record: rec}

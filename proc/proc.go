@@ -1,12 +1,10 @@
-// Package proc reads Linux process facts from /proc and signals processes
-// only after checking that they are the ones a run recorded.
+// Package proc reads Linux process facts from /proc; it never signals.
 //
 // A PID read from a file is a claim, not a fact: PIDs are recycled. The
 // identity of a process here is (PID, start time in clock ticks since boot,
-// boot ID). Signal checks that identity through a pidfd where the kernel has
-// pidfd_open (Linux 5.3) and pidfd_send_signal (5.1), so the process checked
-// is the process signalled; elsewhere it falls back to kill(2) right after
-// the check, which leaves the usual small window.
+// boot ID): Identity is what a process must match, and Identity.Check
+// compares a live Stat with it. stop.Signal checks it through a pidfd before
+// it sends anything.
 package proc
 
 import (

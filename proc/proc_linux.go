@@ -6,7 +6,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -137,74 +136,6 @@ func Cmdline(pid int) ([]string, error) {
 		return []string{}, nil
 	}
 	return strings.Split(string(b), "\x00"), nil
-}
-
-var (
-	pidfdOnce sync.Once
-	pidfdOK   bool
-)
-
-// havePidfd reports whether pidfd_open and pidfd_send_signal work here
-// (Linux 5.3 and later). Probed once, on ourselves.
-func havePidfd() bool {
-	pidfdOnce.Do(func() {
-		fd, err := unix.PidfdOpen(os.Getpid(), 0)
-		if err != nil {
-			return
-		}
-		defer unix.Close(fd)
-		pidfdOK = unix.PidfdSendSignal(fd, 0, nil, 0) == nil
-	})
-	return pidfdOK
-}
-
-// Signal sends sig to the process recorded as id, after checking that the
-// process now at id.PID is that process. With pidfds, the process is pinned
-// before the check, so a recycled PID can never receive the signal. A
-// process that is gone is ErrGone; one that no longer matches is
-// errMismatch, and nothing is sent.
-func Signal(id Identity, sig unix.Signal) error {
-	if id.PID <= 1 {
-		return fmt.Errorf("pid %d: refusing to signal: %w", id.PID, errMismatch)
-	}
-	if havePidfd() {
-		fd, err := unix.PidfdOpen(id.PID, 0)
-		if err != nil {
-			if err == unix.ESRCH {
-				return fmt.Errorf("pid %d: %w", id.PID, ErrGone)
-			}
-			return os.NewSyscallError("pidfd_open", err)
-		}
-		defer unix.Close(fd)
-		s, err := ReadStat(id.PID)
-		if err != nil {
-			return err
-		}
-		if err := id.Check(s); err != nil {
-			return err
-		}
-		if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
-			if err == unix.ESRCH {
-				return fmt.Errorf("pid %d: %w", id.PID, ErrGone)
-			}
-			return os.NewSyscallError("pidfd_send_signal", err)
-		}
-		return nil
-	}
-	s, err := ReadStat(id.PID)
-	if err != nil {
-		return err
-	}
-	if err := id.Check(s); err != nil {
-		return err
-	}
-	if err := unix.Kill(id.PID, sig); err != nil {
-		if err == unix.ESRCH {
-			return fmt.Errorf("pid %d: %w", id.PID, ErrGone)
-		}
-		return os.NewSyscallError("kill", err)
-	}
-	return nil
 }
 
 // SignalName returns "TERM" for SIGTERM and so on, without the SIG prefix.

@@ -24,6 +24,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
 	"github.com/agent-wrap/agent-wrap/watchdog"
 )
 
@@ -343,7 +344,7 @@ func cleanupCrashRun(root string, r *crashRun) {
 		if err1 == nil && err2 == nil {
 			p := filepath.Join(mnt, self, cgroup.Parent, fmt.Sprintf("%s.%d", r.id, r.wrapper))
 			if _, err := os.Stat(p); err == nil {
-				_ = cgroup.Kill(p)
+				_ = stop.KillCgroup(p)
 				runtest.Within(5*time.Second, func() bool { return cgroup.Remove(p) == nil })
 			}
 		}

@@ -65,7 +65,7 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 			}
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
 		}
-		err := proc.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGTERM)
+		err := Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGTERM)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot signal the wrapper %d: %v\n", d.ID, rec.WrapperPID, err)
 		}
@@ -105,7 +105,7 @@ func requestCancel(d *rundir.Dir, pid int) error {
 	if statusfile.Terminal(rec.State) || rec.State == statusfile.Cancelling {
 		return nil
 	}
-	_, err = Intend(d, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, writeRecord(d))
+	_, err = Intend(d, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, nil, writeRecord(d))
 	if errors.Is(err, errNotJournaled) {
 		return fmt.Errorf("%w, so nothing was signalled", err)
 	}

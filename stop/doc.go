@@ -5,6 +5,6 @@
 //
 // Before any signal the intent is journaled and synced and `cancelling`
 // written under the run's lock. Each member is then signalled through a
-// pidfd after its identity is checked (see proc.Signal), so a recycled PID
+// pidfd after its identity is checked (see stop.Signal), so a recycled PID
 // never receives a signal.
 package stop

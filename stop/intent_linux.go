@@ -26,11 +26,18 @@ var (
 // stands: it is returned, rec takes it, and nothing is written), it journals
 // event with f and the cause and syncs the line, then sets rec to
 // `cancelling` with cause and writes it with write. The caller holds the
-// run's lock.
+// run's lock. appendLine journals (nil: journal.Append on d); the wrapper
+// passes its own, so its journal has one writer.
 //
 // An error wrapping errNotJournaled leaves rec as it was; one wrapping
 // errNotRecorded comes after the line was synced and rec set.
-func Intend(d *rundir.Dir, rec *statusfile.Record, event, cause string, f journal.Fields, write func(*statusfile.Record) error) (string, error) {
+func Intend(d *rundir.Dir, rec *statusfile.Record, event, cause string, f journal.Fields, appendLine func(event string, f journal.Fields, sync bool) error, write func(*statusfile.Record) error) (string, error) {
+	if appendLine == nil {
+		appendLine = func(event string, f journal.Fields, sync bool) error {
+			_, err := journal.Append(d, event, f, sync)
+			return err
+		}
+	}
 	if disk, err := statusfile.Read(d); err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
 		rec.State, rec.Cause = disk.State, disk.Cause
 		return disk.Cause, nil
@@ -39,7 +46,7 @@ func Intend(d *rundir.Dir, rec *statusfile.Record, event, cause string, f journa
 	for k, v := range f {
 		g[k] = v
 	}
-	if _, err := journal.Append(d, event, g, true); err != nil {
+	if err := appendLine(event, g, true); err != nil {
 		return cause, fmt.Errorf("%w (%s): %v", errNotJournaled, event, err)
 	}
 	rec.State, rec.Cause = statusfile.Cancelling, cause

@@ -1,13 +1,13 @@
 package stop_test
 
 import (
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -19,19 +19,8 @@ import (
 // test ends.
 func job(t *testing.T, script string) *statusfile.Record {
 	t.Helper()
-	cmd := exec.Command("sh", "-c", script)
-	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { _ = unix.Kill(-pid, unix.SIGKILL); <-done })
-	st, err := proc.ReadStat(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := runtest.Spawn(t, nil, "sh", "-c", script)
+	pid := st.PID
 	boot, _ := proc.BootID()
 	return &statusfile.Record{RunID: "loop-1", PID: pid, PGID: pid, SID: pid, LeaderStart: st.Start, BootID: boot}
 }
@@ -48,7 +37,7 @@ func (s *sent) signal(t *testing.T) func(unix.Signal, []membership.Member, bool)
 		s.sigs = append(s.sigs, sig)
 		s.mu.Unlock()
 		for _, m := range ms {
-			if err := proc.Signal(m.Identity, sig); err != nil {
+			if err := stop.Signal(m.Identity, sig); err != nil {
 				t.Logf("signal %v to %d: %v", sig, m.PID, err)
 			}
 		}
@@ -98,10 +87,13 @@ func TestLoopKillsWhatIgnoresTerm(t *testing.T) {
 }
 
 // A member born during the grace (the leader's TERM trap starts it and
-// exits) gets a TERM of its own when it is found, so it ends within the
-// grace: no KILL is sent.
+// exits once it has exec'd sleep: a TERM that reaches the forked shell
+// before the exec is caught by the shell's trap and lost, and then only
+// KILL would end it) gets a TERM of its own when it is found, so it ends
+// within the grace: no KILL is sent.
 func TestLoopTermsLateArrivals(t *testing.T) {
-	rec := job(t, `trap "sleep 600 & exit 0" TERM; while :; do sleep 0.05; done`)
+	rec := job(t, `trap 'sleep 600 & while [ "$(cat /proc/$!/comm 2>/dev/null)" != sleep ]; do :; done; exit 0' TERM
+while :; do sleep 0.05; done`)
 	waitMembers(t, rec, 2)
 	var s sent
 	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}

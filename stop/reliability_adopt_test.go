@@ -2,9 +2,7 @@ package stop_test
 
 import (
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -12,9 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -54,17 +52,9 @@ func startingRun(t *testing.T, pid int) *rundir.Dir {
 	return d
 }
 
-func startSleep(t *testing.T, setsid bool) *exec.Cmd {
+func startSleep(t *testing.T, setsid bool) proc.Stat {
 	t.Helper()
-	cmd := exec.Command("sleep", "600")
-	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-	return cmd
+	return runtest.Spawn(t, &unix.SysProcAttr{Setsid: setsid, Setpgid: !setsid}, "sleep", "600")
 }
 
 // A wrapper killed between starting the job and recording it `running`:
@@ -73,13 +63,13 @@ func startSleep(t *testing.T, setsid bool) *exec.Cmd {
 // wrapper, and stops it, instead of recording `cancelled` over a live job.
 func TestOutsideAdoptsStartingJob(t *testing.T) {
 	job := startSleep(t, true)
-	d := startingRun(t, job.Process.Pid)
+	d := startingRun(t, job.PID)
 	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runtest.Eventually(t, "the adopted job to die", func() bool { return !runtest.Alive(job.Process.Pid) })
-	if rep.Record.State != statusfile.Cancelled || rep.Record.PGID != job.Process.Pid || len(rep.Record.Survivors) != 0 {
+	runtest.Eventually(t, "the adopted job to die", func() bool { return !runtest.Alive(job.PID) })
+	if rep.Record.State != statusfile.Cancelled || rep.Record.PGID != job.PID || len(rep.Record.Survivors) != 0 {
 		t.Fatalf("record after the stop: %+v", rep.Record)
 	}
 	if len(rep.Signalled) == 0 {
@@ -91,12 +81,12 @@ func TestOutsideAdoptsStartingJob(t *testing.T) {
 // PID) is not adopted: nothing is signalled.
 func TestOutsideRefusesToAdoptAStranger(t *testing.T) {
 	other := startSleep(t, false) // own group, but the test's session
-	d := startingRun(t, other.Process.Pid)
+	d := startingRun(t, other.PID)
 	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Signalled) != 0 || !runtest.Alive(other.Process.Pid) {
+	if len(rep.Signalled) != 0 || !runtest.Alive(other.PID) {
 		t.Fatalf("a process that is not the run's was signalled: %v", rep.Signalled)
 	}
 }
@@ -127,27 +117,9 @@ func TestOutsideRefusesUnknowableStart(t *testing.T) {
 // leader): the stop adopts the first as the job, not the escapee, and
 // stops both.
 func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
-	g, err := cgroup.Create(fmt.Sprintf("adopt-1.%d", os.Getpid()))
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI machines have a writable cgroup v2 tree, but: %v", err)
-		}
-		t.Skipf("no writable cgroup v2 subtree here: %v", err)
-	}
-	t.Cleanup(func() { g.Close(); cgroup.Kill(g.Path); cgroup.Remove(g.Path) })
-	inCgroup := func() *exec.Cmd {
-		cmd := exec.Command("sleep", "600")
-		cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true, UseCgroupFD: true, CgroupFD: g.FD()}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-		return cmd
-	}
-	leader := inCgroup()
-	escapee := inCgroup()
+	g := runtest.Cgroup(t, membership.CgroupName("adopt-1", os.Getpid()))
+	leader := runtest.SpawnIn(t, g, "sleep", "600")
+	escapee := runtest.SpawnIn(t, g, "sleep", "600")
 	d := startingRun(t, 0)
 	if err := d.Remove(rundir.PIDFile); err != nil {
 		t.Fatal(err)
@@ -159,7 +131,7 @@ func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec.Boundary, rec.Cgroup = "cgroup", g.Path
+	rec.Boundary, rec.Cgroup = membership.BoundaryCgroup, g.Path
 	if err := statusfile.Write(d, rec, true); err != nil {
 		t.Fatal(err)
 	}
@@ -167,11 +139,11 @@ func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Record.PGID != leader.Process.Pid {
-		t.Fatalf("adopted group %d, want the leader %d (the escapee is %d)", rep.Record.PGID, leader.Process.Pid, escapee.Process.Pid)
+	if rep.Record.PGID != leader.PID {
+		t.Fatalf("adopted group %d, want the leader %d (the escapee is %d)", rep.Record.PGID, leader.PID, escapee.PID)
 	}
 	runtest.Eventually(t, "the leader and the escapee to die", func() bool {
-		return !runtest.Alive(leader.Process.Pid) && !runtest.Alive(escapee.Process.Pid)
+		return !runtest.Alive(leader.PID) && !runtest.Alive(escapee.PID)
 	})
 	if rep.Record.State != statusfile.Cancelled || len(rep.Record.Survivors) != 0 {
 		t.Fatalf("record after the stop: %+v", rep.Record)

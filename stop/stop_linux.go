@@ -40,12 +40,14 @@ type Report struct {
 var ErrRefused = errors.New("refusing to signal")
 
 // Outside performs the ordered stop of a run whose wrapper is gone (or has
-// not acted): under the run's lock the intent is journaled and synced and
-// `cancelling` written, unless a cancel is already recorded (whose cause
-// then stands); then TERM to every validated live process, wait until they
-// are gone or the grace passes, KILL what is left, and under the lock again
-// the final `cancelled` record with the survivors. A record already terminal
-// is returned as it is; nothing is signalled then.
+// not acted): under the run's lock the intent is recorded (Intend), unless a
+// cancel is already recorded (whose cause then stands); then the stop Loop
+// over the run's members as membership judges them from outside, each
+// signalled through a checked pidfd and waited for with PollWake; and under
+// the lock again the final `cancelled` record with the survivors. A record
+// already terminal is returned as it is; nothing is signalled then. A record
+// that fails validation (another boot, an inconsistent group) is refused
+// (ErrRefused), journaled as stop_refused, and nothing is signalled.
 func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if o.Diag == nil {
 		o.Diag = io.Discard
@@ -84,7 +86,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	for k, v := range o.Fields {
 		f[k] = v
 	}
-	cause, err := Intend(d, rec, o.Intent, o.Cause, f, writeRecord(d))
+	cause, err := Intend(d, rec, o.Intent, o.Cause, f, nil, writeRecord(d))
 	if errors.Is(err, errNotJournaled) {
 		unlock()
 		return nil, fmt.Errorf("run %s: %w, so nothing was signalled", d.ID, err)
@@ -112,14 +114,14 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		Signal: func(sig unix.Signal, ms []membership.Member, again bool) {
 			if sig == unix.SIGKILL && haveCgroup {
 				o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ms), "by": o.By}, false)
-				if err := cgroup.Kill(rec.Cgroup); err != nil {
+				if err := KillCgroup(rec.Cgroup); err != nil {
 					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
 				}
 			}
 			o.journal(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(ms), "by": o.By}, false)
 			for _, m := range ms {
 				signalled[m.PID] = true
-				if err := proc.Signal(m.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
+				if err := Signal(m.Identity, sig); err != nil && !errors.Is(err, proc.ErrGone) {
 					rep.Rejected = appendNew(rep.Rejected, []string{err.Error() + ": left alone"})
 				}
 			}

@@ -59,17 +59,18 @@ func (s *supervisor) wait(deadline int64) string {
 			deadline = next
 			timer.Reset(time.Until(time.Unix(next, 0)))
 		case <-tick.C:
-			// A renewal may also shorten the lease (renew --lease 1s ends a
-			// run on demand): the timer follows a deadline moved earlier.
+			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
+			if s.pollLeader() {
+				return s.cancelledMeanwhile()
+			}
 			if timer != nil {
+				// A renewal may also shorten the lease (renew --lease 1s
+				// ends a run on demand): the timer is moved up to the new
+				// deadline, where checkLease decides under the lock.
 				if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
 					deadline = dl
 					timer.Reset(time.Until(time.Unix(dl, 0)))
 				}
-			}
-			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
-			if s.pollLeader() {
-				return s.cancelledMeanwhile()
 			}
 		}
 	}
@@ -109,7 +110,7 @@ func (s *supervisor) beginCancel(cause, event string) string {
 // The wrapper stops its job even when the intent cannot be journaled (it is
 // the job's last line of defence), and says so.
 func (s *supervisor) intend(event, cause string, f journal.Fields) string {
-	cause, err := stop.Intend(s.d, &s.rec, event, cause, f, func(*statusfile.Record) error {
+	cause, err := stop.Intend(s.d, &s.rec, event, cause, f, s.appendJournal, func(*statusfile.Record) error {
 		s.writeRecordLocked(false) // warns itself
 		return nil
 	})

@@ -86,12 +86,20 @@ func (s *supervisor) writeRecordLocked(durable bool) {
 	}
 }
 
+// journal appends an event to the run's journal; a failure is reported on
+// Diag, and the run goes on.
 func (s *supervisor) journal(event string, f journal.Fields, sync bool) {
-	s.journalMu.Lock()
-	defer s.journalMu.Unlock()
-	if _, err := journal.Append(s.d, event, f, sync); err != nil {
+	if err := s.appendJournal(event, f, sync); err != nil {
 		s.warn("cannot journal %s: %v", event, err)
 	}
+}
+
+// appendJournal is the wrapper's one way to the journal.
+func (s *supervisor) appendJournal(event string, f journal.Fields, sync bool) error {
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	_, err := journal.Append(s.d, event, f, sync)
+	return err
 }
 
 func (s *supervisor) warn(format string, a ...any) {

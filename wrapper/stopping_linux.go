@@ -6,7 +6,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/stop"
@@ -66,7 +65,7 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target, again bool) {
 	f["target"] = target
 	s.journal("signal_sent", f, false)
 	if useCgroupKill {
-		if err := cgroup.Kill(s.cgroup); err != nil {
+		if err := stop.KillCgroup(s.cgroup); err != nil {
 			s.warn("cgroup.kill %s: %v (signalling each process instead)", s.cgroup, err)
 		}
 	}
@@ -79,7 +78,7 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target, again bool) {
 		if !t.Escaped && !perProcess {
 			continue
 		}
-		err := proc.Signal(t.Identity, sig)
+		err := stop.Signal(t.Identity, sig)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
 			what := "member"
 			if t.Escaped {

@@ -2,9 +2,11 @@ package wrapper
 
 // This file: Run and the order of a run (see the package doc). The steps
 // live beside it: launch_linux.go (start the job), loop_linux.go (wait for
-// the leader, a signal or the deadline), reap_linux.go (waitid and wait4),
-// targets_linux.go (which processes are the run's), stopping_linux.go (TERM,
-// grace, KILL) and record_linux.go (status.json and the journal).
+// the leader, a signal or the deadline; record the intent with
+// stop.Intend), reap_linux.go (waitid and wait4), targets_linux.go (the
+// run's processes, as membership judges them for their wrapper),
+// stopping_linux.go (TERM, grace, KILL: stop.Loop woken by SIGCHLD) and
+// record_linux.go (status.json and the journal).
 
 import (
 	"fmt"

@@ -24,6 +24,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 // Patience is how long a test waits for a condition before failing. The
@@ -242,13 +243,13 @@ func (r Run) Kill() {
 	}
 	if rec := r.Status(); rec != nil {
 		for _, e := range rec.Escaped {
-			_ = proc.Signal(proc.Identity{PID: e.PID, Start: e.Start}, unix.SIGKILL)
+			_ = stop.Signal(proc.Identity{PID: e.PID, Start: e.Start}, unix.SIGKILL)
 		}
 		if rec.WrapperPID > 1 && rec.WrapperPID != os.Getpid() {
-			_ = proc.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGKILL)
+			_ = stop.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGKILL)
 		}
 		if rec.Cgroup != "" && cgroup.Valid(rec.Cgroup) {
-			_ = cgroup.Kill(rec.Cgroup)
+			_ = stop.KillCgroup(rec.Cgroup)
 			// The cgroup can go once its last process has exited.
 			Within(10*time.Second, func() bool { return cgroup.Remove(rec.Cgroup) == nil })
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/bench"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 type runner struct {
@@ -261,7 +262,7 @@ func killGroupMembers(pgid int, minStart uint64) int {
 	for _, p := range all {
 		if p.PGID == pgid && !p.Dead() && p.Start >= minStart {
 			n++
-			_ = proc.Signal(proc.Identity{PID: p.PID, Start: p.Start, PGID: pgid}, unix.SIGKILL)
+			_ = stop.Signal(proc.Identity{PID: p.PID, Start: p.Start, PGID: pgid}, unix.SIGKILL)
 		}
 	}
 	return n
