@@ -62,10 +62,17 @@ type scope struct {
 func (s *supervisor) startAuthority() error {
 	upstream := os.Getenv(envAuthSock)
 	s.scope = &scope{mode: agentMode(s.cfg.Agent, upstream), upstream: upstream, live: make(chan struct{})}
-	s.scope.gate = authority.Gate{Dir: s.d, Member: func(_ *statusfile.Record, pid int, start uint64) bool {
-		_, err := s.contains(pid, start)
-		return err == nil
-	}}
+	s.scope.gate = authority.Gate{
+		Dir: s.d,
+		Member: func(_ *statusfile.Record, pid int, start uint64) bool {
+			_, err := s.contains(pid, start)
+			return err == nil
+		},
+		// The wrapper's one way to the journal; the relay needs no seq.
+		Append: func(event string, f journal.Fields, sync bool) (int64, error) {
+			return 0, s.appendJournal(event, f, sync)
+		},
+	}
 	switch s.scope.mode {
 	case AgentInherit:
 		s.journal("agent_inherited", nil, false)
