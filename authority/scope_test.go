@@ -742,3 +742,25 @@ func TestAgentRequestsRacingCancel(t *testing.T) {
 	assertNoAcceptedAfterIntent(t, es)
 	t.Logf("%d agent actions, %d events", len(actions(es)), len(es))
 }
+
+// run --detach scopes the agent too: the supervisor it starts gets --agent
+// and the caller's SSH_AUTH_SOCK.
+func TestScopedAgentDetached(t *testing.T) {
+	a := agenttest.Start(t)
+	root := runtest.NewRoot(t)
+	setAuthSock(t, a.Sock)
+	r := runtest.Run{Root: root, ID: "det"}
+	t.Cleanup(r.Kill)
+	if code, _, stderr := runtest.Exec(t, root, "run", "--detach", "--agent", "scoped", "det", "--", "sh", "-c", "ssh-add -l"); code != 0 {
+		t.Fatalf("run --detach: %d %s", code, stderr)
+	}
+	if code, _, stderr := runtest.Exec(t, root, "wait", "det"); code != 0 {
+		t.Fatalf("wait: exit %d %s\n%s", code, stderr, r.File("stderr.log"))
+	}
+	if out := r.File("stdout.log"); !strings.Contains(out, a.Fingerprint) {
+		t.Fatalf("the detached job did not list the key:\n%s", out)
+	}
+	if rec := r.MustStatus(t); rec.AgentSocket != filepath.Join(r.Dir(), "agent.sock") {
+		t.Fatalf("agent_socket %q", rec.AgentSocket)
+	}
+}
