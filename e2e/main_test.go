@@ -42,6 +42,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/relay"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 )
 
@@ -54,6 +55,7 @@ var bin string
 const waitLong = 30 * time.Second
 
 func TestMain(m *testing.M) {
+	relay.Connector() // the test binary as ssh's ProxyCommand (ssh_test.go)
 	os.Exit(testMain(m))
 }
 

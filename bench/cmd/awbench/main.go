@@ -26,7 +26,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "output", "memory", "watchdog", "lease", "authority"}
+var figures = []string{"costs", "binary", "startup", "cancel", "output", "memory", "watchdog", "lease", "controller", "authority"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -150,6 +150,8 @@ func (r *runner) figure(name string) error {
 		return r.watchdog()
 	case "lease":
 		return r.lease()
+	case "controller":
+		return r.controllerFigure()
 	case "authority":
 		return r.authority()
 	}
