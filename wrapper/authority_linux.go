@@ -4,7 +4,7 @@ package wrapper
 // "Authority ends with the run"). The job's environment gets
 // AGENT_WRAP_RUN_ID and SSH_AUTH_SOCK as Config.Agent says; with
 // AgentScoped the wrapper listens on a relay (agentrelay) before the job
-// starts, decides each request with authority.Decide, and revokes the relay
+// starts, decides each request with authority.Gate, and revokes the relay
 // at the intent, before the first signal.
 
 import (
