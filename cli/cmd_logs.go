@@ -8,7 +8,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 func init() {
@@ -55,7 +57,7 @@ func runLogs(e *Env, args []string) int {
 		name = rundir.StderrFile
 	}
 
-	l := &logReader{e: e, d: d, name: name}
+	l := &logReader{e: e, d: d, name: name, w: e.Stdout}
 	defer l.close()
 	if !*follow {
 		if err := l.copy(); err != nil {
@@ -66,28 +68,46 @@ func runLogs(e *Env, args []string) int {
 		}
 		return ExitOK
 	}
+	rec, v, code := followLogs(e, d, l)
+	switch {
+	case rec != nil:
+		return ExitOK
+	case v != nil:
+		e.errorf("run %s: stopped following: the outcome is unknown: %s", d.ID, v.Reason)
+		e.hint("'agent-wrap reconcile %s' shows the evidence", d.ID)
+		return ExitUnknown
+	}
+	return code
+}
+
+// followLogs copies each log to its writer as it grows until the run is
+// terminal (returning its final record, with every log copied to its end)
+// or its outcome has been unknown for unknownSettle (returning the verdict,
+// with what there is copied). A read or write error ends it with neither,
+// printed, and the exit code to return. logs -f and attach share it.
+func followLogs(e *Env, d *rundir.Dir, logs ...*logReader) (*statusfile.Record, *reconcile.Verdict, int) {
 	fo := newFollower(d, true)
 	defer fo.Close()
+	copyAll := func() int {
+		for _, l := range logs {
+			if err := l.copy(); err != nil {
+				return l.fail(err)
+			}
+		}
+		return 0
+	}
 	for {
-		if err := l.copy(); err != nil {
-			return l.fail(err)
+		if code := copyAll(); code != 0 {
+			return nil, nil, code
 		}
 		rec, v := fo.poll()
-		if rec != nil {
-			// Terminal: the group has been stopped before the final record
-			// was written, so what is in the file now is all of it.
-			if err := l.copy(); err != nil {
-				return l.fail(err)
+		if rec != nil || v != nil {
+			// Terminal: the group has been stopped before the final
+			// record was written, so what is in the files now is all.
+			if code := copyAll(); code != 0 {
+				return nil, nil, code
 			}
-			return ExitOK
-		}
-		if v != nil {
-			if err := l.copy(); err != nil {
-				return l.fail(err)
-			}
-			e.errorf("run %s: stopped following: the outcome is unknown: %s", d.ID, v.Reason)
-			e.hint("'agent-wrap reconcile %s' shows the evidence", d.ID)
-			return ExitUnknown
+			return rec, v, 0
 		}
 		fo.sleep(250 * time.Millisecond)
 	}
@@ -99,6 +119,8 @@ type logReader struct {
 	e    *Env
 	d    *rundir.Dir
 	name string
+	w    io.Writer
+	from int64 // where to start reading, once the file is opened
 	f    *os.File
 }
 
@@ -111,9 +133,15 @@ func (l *logReader) copy() error {
 			}
 			return err
 		}
+		if l.from > 0 {
+			if _, err := f.Seek(l.from, io.SeekStart); err != nil {
+				f.Close()
+				return err
+			}
+		}
 		l.f = f
 	}
-	_, err := io.Copy(l.e.Stdout, l.f)
+	_, err := io.Copy(l.w, l.f)
 	return err
 }
 

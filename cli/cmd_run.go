@@ -73,6 +73,7 @@ type runFlags struct {
 	noStream     bool
 	onHangup     string
 	cgroup       string
+	agent        string
 	detachFD     int // set only in the supervisor that --detach starts (detach.go)
 }
 
@@ -85,6 +86,7 @@ func runRun(e *Env, args []string) int {
 	fs.BoolVar(&rf.noStream, "no-stream", false, "do not copy the job's logs to this command's stdout and stderr")
 	fs.StringVar(&rf.onHangup, "on-hangup", wrapper.HangupCancel, "on SIGHUP: cancel or ignore")
 	fs.StringVar(&rf.cgroup, "cgroup", wrapper.CgroupAuto, "auto: give the run its own cgroup v2 where the host allows it; off: never")
+	fs.StringVar(&rf.agent, "agent", "", "scoped: the job gets a relay to $SSH_AUTH_SOCK that ends with the run (the default when it is set); inherit: the socket as is; none: no agent")
 	fs.IntVar(&rf.detachFD, "detach-fd", 0, "internal: write the running record to `FD` (the --detach supervisor)")
 	_ = fs.MarkHidden("detach-fd")
 	if code, ok := e.parse(fs, args); !ok {
@@ -99,6 +101,11 @@ func runRun(e *Env, args []string) int {
 	}
 	if rf.cgroup != wrapper.CgroupAuto && rf.cgroup != wrapper.CgroupOff {
 		return e.usageError("--cgroup must be auto or off, not %q", rf.cgroup)
+	}
+	switch rf.agent {
+	case "", wrapper.AgentScoped, wrapper.AgentInherit, wrapper.AgentNone:
+	default:
+		return e.usageError("--agent must be scoped, inherit or none, not %q", rf.agent)
 	}
 	if rf.detach {
 		return e.runDetached(id, argv, rf)
@@ -119,6 +126,7 @@ func runRun(e *Env, args []string) int {
 		Stream:   !rf.noStream,
 		OnHangup: rf.onHangup,
 		Cgroup:   rf.cgroup,
+		Agent:    rf.agent,
 		Stdout:   e.Stdout,
 		Stderr:   e.Stderr,
 		Diag:     e.Stderr,

@@ -94,7 +94,7 @@ func runWatchdog(e *Env, args []string) int {
 
 	enc := json.NewEncoder(e.Stdout)
 	pass := func() {
-		acts, err := watchdog.Pass(root, watchdog.Options{Grace: time.Duration(grace), Progress: ping})
+		acts, err := watchdog.Pass(root, watchdog.Options{Grace: time.Duration(grace), Progress: ping, Diag: e.Stderr})
 		if err != nil {
 			e.errorf("watchdog pass over %s: %v", root.Path, err)
 		}

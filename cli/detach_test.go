@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -74,7 +75,8 @@ func TestDetachWaitLogsFollow(t *testing.T) {
 			t.Errorf("supervisor fd %d is %q, want /dev/null", fd, l)
 		}
 	}
-	// The job: fds 0-2 only, and the caller's environment, nothing added.
+	// The job: fds 0-2 only, and the caller's environment with only
+	// AGENT_WRAP_RUN_ID added (and SSH_AUTH_SOCK scoped, if the caller had one).
 	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", rec.PID)); err == nil {
 		var fds []string
 		for _, e := range ents {
@@ -88,7 +90,11 @@ func TestDetachWaitLogsFollow(t *testing.T) {
 	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", rec.PID)); err == nil {
 		got := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		want := append(os.Environ(), "AGENT_WRAP_ROOT="+root) // what runtest.Start gave the caller
+		want := append(os.Environ(), "AGENT_WRAP_ROOT="+root, "AGENT_WRAP_RUN_ID=det") // what runtest.Start gave the caller, and the ID
+		noAgent := func(env []string) []string {
+			return slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "SSH_AUTH_SOCK=") })
+		}
+		got, want = noAgent(got), noAgent(want)
 		sort.Strings(got)
 		sort.Strings(want)
 		if strings.Join(got, "\n") != strings.Join(want, "\n") {

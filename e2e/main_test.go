@@ -21,9 +21,8 @@
 //	TestWatchdogStopsRunOfDeadWrapper   wrapper SIGKILLed: watchdog --once enforces the lease
 //
 // Run them with `go test ./e2e` (as root, with openssh-server installed;
-// without it the package fails at once, naming what to install). Scenarios whose agent-wrap
-// commands do not exist (as listed by `agent-wrap help`) skip, naming the
-// missing command. README.md's "Controller side" section is what these tests back.
+// without it the package fails at once, naming what to install). README.md's
+// "Controller side" section is what these tests back.
 package e2e
 
 import (
@@ -43,6 +42,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/relay"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 )
 
@@ -55,6 +55,7 @@ var bin string
 const waitLong = 30 * time.Second
 
 func TestMain(m *testing.M) {
+	relay.Connector() // the test binary as ssh's ProxyCommand (ssh_test.go)
 	os.Exit(testMain(m))
 }
 

@@ -60,10 +60,10 @@ func cgroupOf(pid int) string {
 	return ""
 }
 
-// RunCgroupOf returns the run cgroup pid is in when it is the one its
+// runCgroupOf returns the run cgroup pid is in when it is the one its
 // wrapper made for the run named name (see CgroupName, cgroup.Valid), else
 // "".
-func RunCgroupOf(pid int, name string) string {
+func runCgroupOf(pid int, name string) string {
 	p := cgroupOf(pid)
 	if p != "" && filepath.Base(p) == name && cgroup.Valid(p) {
 		return p

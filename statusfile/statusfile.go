@@ -108,6 +108,9 @@ type Record struct {
 	Cgroup       string    `json:"cgroup,omitempty"`
 	Escaped      []Escaped `json:"escaped,omitempty"`
 	Survivors    []int     `json:"survivors"`
+	// AgentSocket is the run's scoped SSH agent socket (the job's
+	// SSH_AUTH_SOCK), while and after it existed.
+	AgentSocket string `json:"agent_socket,omitempty"`
 }
 
 // Timestamp formats t as the record's times are: RFC 3339, UTC, nanoseconds.

@@ -1,117 +1,29 @@
 package stop
 
 import (
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-
-	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/membership"
-	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// adoptStarting fills in the job's identity when the record names no
-// process group because its wrapper died while starting the job: after the
-// fork and the `running` record. The pid file (or, before it is written, a
-// session leader in the cgroup the record names) is a claim, adopted only when it still makes sense: the process at that PID is
-// a session leader (PID == PGID == SID) that started no earlier than the
-// wrapper, alive or a zombie; or nothing is at that PID any more, and its
-// group members are then validated against the wrapper's start time
-// instead of the leader's. A PID now used by anything else is left alone.
-// It reports whether rec was changed; the caller holds the run's lock and
-// has checked that the record is from this boot.
+// adoptStarting fills in the job's identity (membership.StartingLeader)
+// when the record names no process group because its wrapper died while
+// starting the job, and journals the adoption. It reports whether rec was
+// changed; the caller holds the run's lock and has checked that the record
+// is from this boot.
 func adoptStarting(d *rundir.Dir, rec *statusfile.Record, o Options) bool {
-	if rec.PGID > 1 || rec.State != statusfile.Starting || rec.WrapperStart == 0 {
+	l, ok := membership.StartingLeader(d, rec)
+	if !ok {
 		return false
 	}
-	pid := 0
-	// The pid file is written in one write of "PID\n"; a wrapper killed
-	// between creating it and that write leaves it empty, which says as
-	// little as no file at all.
-	if b, err := d.ReadFile(rundir.PIDFile); err == nil && strings.HasSuffix(string(b), "\n") {
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
-	if pid <= 1 {
-		if cg := startingCgroup(rec); cg != "" {
-			// No pid yet, but the run's cgroup: the job is the session
-			// leader in it that started first.
-			pid = firstSessionLeader(cg, rec.WrapperStart)
-		}
-	}
-	if pid <= 1 {
-		return false
-	}
-	start := rec.WrapperStart
-	st, err := proc.ReadStat(pid)
-	switch {
-	case err == nil && st.PGID == pid && st.SID == pid && st.Start >= rec.WrapperStart:
-		start = st.Start
-	case err == nil:
-		return false // the PID is someone else's now
-	}
-	rec.PID, rec.PGID, rec.SID, rec.LeaderStart = pid, pid, pid, start
-	f := journal.Fields{"pid": pid, "pgid": pid, "sid": pid, "leader_start": start,
+	rec.PID, rec.PGID, rec.SID, rec.LeaderStart = l.PID, l.PID, l.PID, l.Start
+	f := journal.Fields{"pid": l.PID, "pgid": l.PID, "sid": l.PID, "leader_start": l.Start,
 		"reason": "the wrapper died while starting the job; its identity is taken from the pid file"}
-	if err == nil && rec.Cgroup == "" {
-		// The leader's own cgroup, if it is the one its wrapper made for
-		// the run, holds every descendant, escaped or not.
-		if cg := membership.RunCgroupOf(pid, membership.CgroupName(rec.RunID, rec.WrapperPID)); cg != "" {
-			rec.Cgroup, rec.Boundary = cg, membership.BoundaryCgroup
-			f["cgroup"] = cg
-		}
+	if l.Cgroup != "" {
+		rec.Cgroup, rec.Boundary = l.Cgroup, membership.BoundaryCgroup
+		f["cgroup"] = l.Cgroup
 	}
 	o.journal(d, "adopted", f, true)
 	return true
-}
-
-// firstSessionLeader returns the session leader (PID == PGID == SID) in
-// cgroup cg that started first, no earlier than the wrapper (minStart), or
-// 0. The job's leader is the first process in the run's cgroup; a
-// descendant that called setsid is a session leader too, but started after
-// it (in the same clock tick at worst, and then with a higher PID, short of
-// a PID wrap-around within that tick).
-func firstSessionLeader(cg string, minStart uint64) int {
-	procs, _ := cgroup.Procs(cg)
-	best, bestStart := 0, uint64(0)
-	for _, p := range procs {
-		st, err := proc.ReadStat(p)
-		if err != nil || st.PGID != p || st.SID != p || st.Start < minStart {
-			continue
-		}
-		if best == 0 || st.Start < bestStart || (st.Start == bestStart && p < best) {
-			best, bestStart = p, st.Start
-		}
-	}
-	return best
-}
-
-// startingCgroup returns the cgroup of a run whose wrapper died before its
-// record moved past starting: the one the record names (a wrapper that
-// records it before the fork), else the one the wrapper would have made
-// below our own cgroup, named RUN_ID.WRAPPER_PID, if it exists (the watchdog
-// or cancel run in the wrapper's cgroup, as from the same login or unit).
-func startingCgroup(rec *statusfile.Record) string {
-	if rec.Cgroup != "" {
-		if cgroup.Valid(rec.Cgroup) {
-			return rec.Cgroup
-		}
-		return ""
-	}
-	mnt, err := cgroup.Mount()
-	if err != nil {
-		return ""
-	}
-	self, err := cgroup.Self()
-	if err != nil {
-		return ""
-	}
-	p := filepath.Join(mnt, self, cgroup.Parent, membership.CgroupName(rec.RunID, rec.WrapperPID))
-	if _, err := os.Stat(p); err != nil || !cgroup.Valid(p) {
-		return ""
-	}
-	return p
 }

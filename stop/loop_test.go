@@ -87,10 +87,13 @@ func TestLoopKillsWhatIgnoresTerm(t *testing.T) {
 }
 
 // A member born during the grace (the leader's TERM trap starts it and
-// exits) gets a TERM of its own when it is found, so it ends within the
-// grace: no KILL is sent.
+// exits once it has exec'd sleep: a TERM that reaches the forked shell
+// before the exec is caught by the shell's trap and lost, and then only
+// KILL would end it) gets a TERM of its own when it is found, so it ends
+// within the grace: no KILL is sent.
 func TestLoopTermsLateArrivals(t *testing.T) {
-	rec := job(t, `trap "sleep 600 & exit 0" TERM; while :; do sleep 0.05; done`)
+	rec := job(t, `trap 'sleep 600 & while [ "$(cat /proc/$!/comm 2>/dev/null)" != sleep ]; do :; done; exit 0' TERM
+while :; do sleep 0.05; done`)
 	waitMembers(t, rec, 2)
 	var s sent
 	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}

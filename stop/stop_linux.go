@@ -40,12 +40,14 @@ type Report struct {
 var ErrRefused = errors.New("refusing to signal")
 
 // Outside performs the ordered stop of a run whose wrapper is gone (or has
-// not acted): under the run's lock the intent is journaled and synced and
-// `cancelling` written, unless a cancel is already recorded (whose cause
-// then stands); then TERM to every validated live process, wait until they
-// are gone or the grace passes, KILL what is left, and under the lock again
-// the final `cancelled` record with the survivors. A record already terminal
-// is returned as it is; nothing is signalled then.
+// not acted): under the run's lock the intent is recorded (Intend), unless a
+// cancel is already recorded (whose cause then stands); then the stop Loop
+// over the run's members as membership judges them from outside, each
+// signalled through a checked pidfd and waited for with PollWake; and under
+// the lock again the final `cancelled` record with the survivors. A record
+// already terminal is returned as it is; nothing is signalled then. A record
+// that fails validation (another boot, an inconsistent group) is refused
+// (ErrRefused), journaled as stop_refused, and nothing is signalled.
 func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if o.Diag == nil {
 		o.Diag = io.Discard

@@ -6,6 +6,7 @@ package watchdog
 
 import (
 	"errors"
+	"io"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/journal"
@@ -48,6 +49,9 @@ type Options struct {
 	// pass (several stops, each up to grace plus up to 10 s of KILL) can keep a service
 	// manager's watchdog fed.
 	Progress func()
+	// Diag receives what a stop could not do on its way (a journal line it
+	// could not write, say); nil discards it.
+	Diag io.Writer
 }
 
 // Pass looks at every run under root once and stops each whose deadline has
@@ -137,6 +141,7 @@ func check(root *rundir.Root, id string, o Options) *Action {
 		Intent: "deadline_expired",
 		By:     "watchdog",
 		Fields: journal.Fields{"deadline_epoch": dl},
+		Diag:   o.Diag,
 	})
 	if err != nil {
 		return &Action{RunID: id, Action: "refused", Deadline: dl, State: rec.State, Reason: err.Error()}

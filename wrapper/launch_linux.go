@@ -70,7 +70,7 @@ func (s *supervisor) launch() (int, error) {
 
 	// Setsid alone: with Setpgid as well, setpgid after setsid fails.
 	attr := &syscall.ProcAttr{
-		Env:   os.Environ(),
+		Env:   s.jobEnv(),
 		Files: []uintptr{stdin.Fd(), out.Fd(), errf.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}

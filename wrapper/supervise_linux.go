@@ -9,6 +9,7 @@ package wrapper
 // record_linux.go (status.json and the journal).
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -54,6 +55,8 @@ type supervisor struct {
 	// view is a copy of the record for contains, which other goroutines
 	// call: set when the job has started and at each recorded escape.
 	view atomic.Pointer[statusfile.Record]
+
+	scope *scope // the run's authority (authority_linux.go)
 }
 
 // Run supervises one run from the claim of its ID to its final record. The
@@ -158,9 +161,14 @@ func (s *supervisor) run() *Result {
 	s.journal("created", journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart,
 		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}, false)
 
-	// 3. Start the job.
+	// 3. Start the job, with its authority scoped to the run.
+	if err := s.startAuthority(); err != nil {
+		s.markLive()
+		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot scope the SSH agent to the run: %v (--agent inherit or none runs without a relay)", err))
+	}
 	code, err := s.launch()
 	if err != nil {
+		s.revokeAuthority()
 		return s.launchFailed(code, err)
 	}
 
@@ -184,6 +192,7 @@ func (s *supervisor) run() *Result {
 	s.journal("started", started, false)
 	s.writeRecord(false) // not terminal: see statusfile.Write
 	s.publish()
+	s.markLive()
 	if cfg.Running != nil {
 		r := s.rec
 		cfg.Running(&r)
@@ -196,6 +205,8 @@ func (s *supervisor) run() *Result {
 
 	// 6. Wait for the leader, a signal or the deadline.
 	cause := s.wait(deadline)
+	// The run is ending: its authority ends first, before any signal.
+	s.revokeAuthority()
 
 	// 7. Stop everything that is left.
 	var survivors []int

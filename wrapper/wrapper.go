@@ -9,14 +9,17 @@
 //     before the job exists, so no exit and no orphan is missed and a closed
 //     stream is an error instead of a fatal SIGPIPE;
 //  2. claim the ID (mkdir), write `starting` and journal `created`;
-//  3. start the job with Setsid, its fds 1 and 2 the log files themselves;
+//  3. start the job with Setsid, its fds 1 and 2 the log files themselves,
+//     AGENT_WRAP_RUN_ID in its environment and, with a scoped agent, its
+//     SSH_AUTH_SOCK a relay that already listens (authority_linux.go);
 //  4. verify PGID == SID == PID from /proc (the job is never reaped before
 //     this, so the check holds even when it has already exited);
 //  5. write pid, pgid, the deadline and `running`;
 //  6. wait for the leader's exit (waitid with WNOWAIT: it stays unreaped, so
 //     its PGID cannot be recycled while the group is being stopped), a signal
 //     or the deadline;
-//  7. journal and sync the intent, write `cancelling`, then TERM the group
+//  7. journal and sync the intent, write `cancelling`, revoke the run's
+//     authority (the relay's socket and connections), then TERM the group
 //     and escaped descendants, wait for them to die (SIGCHLD as their
 //     subreaper, with a backstop rescan), KILL what is left after the grace;
 //  8. reap everything, write the final record, drain the log streams.
@@ -58,6 +61,9 @@ type Config struct {
 	// Cgroup is CgroupAuto (the run gets its own cgroup v2 where the host
 	// lets us create one) or CgroupOff.
 	Cgroup string
+	// Agent is AgentScoped, AgentInherit, AgentNone, or "" (scoped). With
+	// no SSH_AUTH_SOCK in the process's environment every mode is none.
+	Agent string
 
 	// Stdin becomes the job's fd 0; nil means /dev/null.
 	Stdin *os.File

@@ -382,6 +382,10 @@ func (s *Server) SSHArgs() []string {
 	}
 }
 
+// Key returns the path of the private user key the server accepts (its
+// public half is Key()+".pub"), for loading it into an agent.
+func (s *Server) Key() string { return s.key }
+
 // Destination returns user@host for the ssh command line.
 func (s *Server) Destination() string { return s.user + "@" + Host }
 

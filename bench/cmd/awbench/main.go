@@ -28,11 +28,14 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
 		return readall(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "signloop" {
+		return signloop(args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("awbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -151,6 +154,10 @@ func (r *runner) figure(name string) error {
 		return r.watchdog()
 	case "lease":
 		return r.lease()
+	case "controller":
+		return r.controllerFigure()
+	case "authority":
+		return r.authority()
 	}
 	return fmt.Errorf("unknown figure %q", name)
 }

@@ -1,0 +1,79 @@
+package agentrelay
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxSocketPath is the longest path a unix socket address holds on Linux:
+// sun_path is 108 bytes, one of them the terminating NUL.
+const MaxSocketPath = 107
+
+// SocketName is the relay's socket in a run directory.
+const SocketName = "agent.sock"
+
+// SocketPath returns where the relay of the run in runDir listens:
+// runDir/agent.sock when that fits in a socket address, else a short name
+// derived from runDir (so one run directory always has one socket path) in
+// a private per-user directory, $XDG_RUNTIME_DIR/agent-wrap or
+// /tmp/agent-wrap-UID, created mode 0700 and refused when it is a symlink,
+// someone else's or open to group or others.
+func SocketPath(runDir string, getenv func(string) string) (string, error) {
+	p := filepath.Join(runDir, SocketName)
+	if len(p) <= MaxSocketPath {
+		return p, nil
+	}
+	sum := sha256.Sum256([]byte(runDir))
+	name := strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:15])) + ".sock"
+	var dirs []string
+	if rt := getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(rt) {
+		dirs = append(dirs, filepath.Join(rt, "agent-wrap"))
+	}
+	dirs = append(dirs, "/tmp/agent-wrap-"+strconv.Itoa(os.Geteuid()))
+	var firstErr error
+	for _, dir := range dirs {
+		p := filepath.Join(dir, name)
+		if len(p) > MaxSocketPath {
+			continue
+		}
+		err := privateDir(dir)
+		if err == nil {
+			return p, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr == nil {
+		firstErr = fmt.Errorf("no directory short enough for a socket path")
+	}
+	return "", fmt.Errorf("agent socket for %s: %w", runDir, firstErr)
+}
+
+// privateDir makes sure dir is a directory of ours that nobody else can
+// enter, creating it if needed.
+func privateDir(dir string) error {
+	if err := unix.Mkdir(dir, 0o700); err != nil && err != unix.EEXIST {
+		return &os.PathError{Op: "mkdir", Path: dir, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return &os.PathError{Op: "lstat", Path: dir, Err: err}
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("%s is a symlink or not a directory", dir)
+	case int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%s is owned by uid %d, not by you", dir, st.Uid)
+	case st.Mode&0o077 != 0:
+		return fmt.Errorf("%s has mode %04o, open to group or others", dir, st.Mode&0o7777)
+	}
+	return nil
+}

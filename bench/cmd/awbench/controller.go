@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/bench"
+	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+	"github.com/agent-wrap/agent-wrap/proc"
+)
+
+// controllerFigure: `agent-wrap ssh` (issue 13) against plain ssh, through a
+// throwaway sshd on 127.0.0.1 (internal/sshtest) and one shared
+// ControlMaster, all in one run:
+//   - a run of `true` through the controller against `ssh DEST agent-wrap
+//     run ID -- true` (target ≤ 1.3×);
+//   - SIGINT to the controller until it has exited with the run's final
+//     record (the remote tree checked gone after), against one `ssh DEST
+//     true` round trip;
+//   - a reattach after the attach's ssh client is SIGKILLed: time until the
+//     first new byte, against one round trip (the controller's first
+//     backoff, 0.2 s, is part of it).
+func (r *runner) controllerFigure() (err error) {
+	tb := &benchTB{r: r}
+	defer func() {
+		if p := recover(); p != nil {
+			if f, ok := p.(benchFatal); ok {
+				err = f
+				return
+			}
+			panic(p)
+		}
+	}()
+	srv := sshtest.Start(tb)
+	root, err := r.newRoot("controller")
+	if err != nil {
+		return err
+	}
+	ledgerDir := filepath.Join(r.scratch, "controller-ledger")
+	cm := filepath.Join(r.scratch, "cm")
+	sshArgs := append(srv.SSHArgs(), "-o", "ControlPath="+cm)
+	// The master: ssh -M -N -f forks it into the background; it is stopped
+	// through its control socket (ssh -O exit), never by name.
+	master := exec.Command("ssh", append(append([]string{}, sshArgs...), "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-N", "-f", "--", srv.Destination())...)
+	if out, err := master.CombinedOutput(); err != nil {
+		return fmt.Errorf("ControlMaster: %v: %s", err, out)
+	}
+	r.onCleanup(func() {
+		exec.Command("ssh", append(append([]string{}, sshArgs...), "-O", "exit", "--", srv.Destination())...).Run()
+	})
+	rsh := sshtest.Quote(append([]string{"ssh"}, sshArgs...)...)
+	ssh := func(line string) *exec.Cmd {
+		return exec.Command("ssh", append(append([]string{}, sshArgs...), "--", srv.Destination(), line)...)
+	}
+	ctl := func(id string, argv ...string) *exec.Cmd {
+		args := []string{"ssh", "--rsh", rsh, "--remote-bin", r.bin, "--remote-root", root, "--ledger", ledgerDir, "--id", id, "--lease", "60s", "--grace", "2s", srv.Destination(), "--"}
+		cmd := exec.Command(r.bin, append(args, argv...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		return cmd
+	}
+	timeCmd := func(cmd *exec.Cmd) (float64, error) {
+		t0 := bench.Now()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("%v: %v: %s", cmd.Args, err, out)
+		}
+		return bench.Since(t0), nil
+	}
+	roundTrip := func() (float64, error) { return timeCmd(ssh("true")) }
+
+	// 1. A run of `true`.
+	viaCtl := func() (float64, error) { return timeCmd(ctl(r.id("ctl"), "true")) }
+	viaSSH := func() (float64, error) {
+		return timeCmd(ssh(sshtest.Quote(r.bin, "--root", root, "run", r.id("plain"), "--", "true")))
+	}
+	// The controller's remote line alone, by hand: what the host costs,
+	// apart from the controller's own work.
+	remoteLine := func() (float64, error) {
+		id := r.id("line")
+		q := func(w ...string) string { return sshtest.Quote(append([]string{r.bin, "--root", root}, w...)...) }
+		return timeCmd(ssh(q("run", "--detach", "--lease", "1m0s", "--grace", "2s", id, "--", "true") + " 2>&1 && exec " + q("attach", "--from", "0,0", id)))
+	}
+	s, err := bench.Interleave(2, r.n(30, 10), viaCtl, viaSSH, roundTrip, remoteLine)
+	if err != nil {
+		return err
+	}
+	a, b := bench.Median(s[0]), bench.Median(s[1])
+	r.rows = append(r.rows, row{
+		figure:   "controller run of `true`",
+		measured: bench.Ms(a), baseline: bench.Ms(b) + " (ssh DEST agent-wrap run ID -- true)",
+		ratio: fmt.Sprintf("%.2f×", a/b), target: "≤ 1.3×", limit: fmt.Sprintf("%.2f", a/b/1.3),
+		pass: passIf(a/b <= 1.3),
+	})
+	r.detail("controller `agent-wrap ssh DEST -- true`: %s; `ssh DEST agent-wrap run ID -- true`: %s; `ssh DEST true`: %s (one shared ControlMaster)",
+		spread(s[0], bench.Ms), spread(s[1], bench.Ms), spread(s[2], bench.Ms))
+	r.detail("controller: its remote line by hand (`ssh DEST 'agent-wrap run --detach ... 2>&1 && exec agent-wrap attach ...'`): %s, so of the %s the controller adds to plain run, the host's detach and attach take %s and the controller's own work %s",
+		spread(s[3], bench.Ms), bench.Ms(a-b), bench.Ms(bench.Median(s[3])-b), bench.Ms(a-bench.Median(s[3])))
+
+	// 2. SIGINT until the controller exits with the tree gone.
+	cancelOnce := func() (float64, error) {
+		id := r.id("ctl-int")
+		cmd := ctl(id, "sh", "-c", "sleep 300 & sleep 300 & echo started; wait")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, err
+		}
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		line := make([]byte, 8)
+		if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return 0, fmt.Errorf("controller: no 'started' line (%q, %v)", line, err)
+		}
+		t0 := bench.Now()
+		cmd.Process.Signal(syscall.SIGINT)
+		io.Copy(io.Discard, out)
+		err = cmd.Wait()
+		d := bench.Since(t0)
+		if code := cmd.ProcessState.ExitCode(); code != 143 {
+			return 0, fmt.Errorf("controller after SIGINT: exit %d (%v), want 143", code, err)
+		}
+		rec, err := readRecord(root, id)
+		if err != nil {
+			return 0, err
+		}
+		if n := liveMembers(rec.PGID); n != 0 {
+			return 0, fmt.Errorf("run %s: %d members of group %d alive after the controller exited", id, n, rec.PGID)
+		}
+		return d, nil
+	}
+	s, err = bench.Interleave(1, r.n(12, 5), cancelOnce, roundTrip)
+	if err != nil {
+		return err
+	}
+	a, b = bench.Median(s[0]), bench.Median(s[1])
+	r.rows = append(r.rows, row{
+		figure:   "controller SIGINT to confirmed cancel",
+		measured: bench.Ms(a), baseline: bench.Ms(b) + " (ssh DEST true)",
+		ratio: fmt.Sprintf("%.1f×", a/b), target: "report", limit: "-", pass: "n/a",
+	})
+	r.detail("controller SIGINT until exit 143 with the remote tree gone: %s; one round trip: %s", spread(s[0], bench.Ms), spread(s[1], bench.Ms))
+
+	// 3. Reattach after the attach client is killed.
+	reattachOnce := func() (float64, error) {
+		id := r.id("ctl-re")
+		cmd := ctl(id, "sh", "-c", "while :; do echo x; sleep 0.005; done")
+		cw := &chunkClock{}
+		cmd.Stdout = cw
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		defer func() {
+			cmd.Process.Signal(syscall.SIGINT)
+			cmd.Wait()
+		}()
+		var client int
+		if err := bench.WaitUntil(30*time.Second, time.Millisecond, func() (bool, error) {
+			client = attachClient(cmd.Process.Pid)
+			return client > 0 && cw.count() > 0, fmt.Errorf("no attach client of %d", cmd.Process.Pid)
+		}); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		syscall.Kill(client, syscall.SIGKILL)
+		// What was in flight when the client died arrives first; the next
+		// write after the client is gone is the reattach's.
+		if err := bench.WaitUntil(10*time.Second, time.Millisecond, func() (bool, error) {
+			st, err := proc.ReadStat(client)
+			return err != nil || st.Dead(), nil
+		}); err != nil {
+			return 0, err
+		}
+		mark := cw.count()
+		var first time.Time
+		if err := bench.WaitUntil(30*time.Second, time.Millisecond, func() (bool, error) {
+			first = cw.firstAfter(mark)
+			return !first.IsZero(), fmt.Errorf("no byte after the reattach")
+		}); err != nil {
+			return 0, err
+		}
+		return first.Sub(t0).Seconds(), nil
+	}
+	s, err = bench.Interleave(1, r.n(10, 4), reattachOnce, roundTrip)
+	if err != nil {
+		return err
+	}
+	a, b = bench.Median(s[0]), bench.Median(s[1])
+	r.rows = append(r.rows, row{
+		figure:   "controller reattach to first new byte",
+		measured: bench.Ms(a), baseline: bench.Ms(b) + " (ssh DEST true)",
+		ratio: fmt.Sprintf("%.1f×", a/b), target: "report", limit: "-", pass: "n/a",
+	})
+	r.detail("controller reattach, client SIGKILLed to the first new byte (includes the first backoff of %v): %s; one round trip: %s",
+		200*time.Millisecond, spread(s[0], bench.Ms), spread(s[1], bench.Ms))
+
+	return nil
+}
+
+// liveMembers counts the live processes of group pgid.
+func liveMembers(pgid int) int {
+	all, _ := proc.Scan()
+	n := 0
+	for _, p := range all {
+		if p.PGID == pgid && !p.Dead() {
+			n++
+		}
+	}
+	return n
+}
+
+// attachClient is the controller's ssh child whose command line runs
+// `attach` (among the controller's own children, by parent PID).
+func attachClient(ctl int) int {
+	all, _ := proc.Scan()
+	for _, p := range all {
+		if p.PPID != ctl || p.Dead() {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/cmdline"); err == nil && bytes.Contains(b, []byte(" attach ")) {
+			return p.PID
+		}
+	}
+	return 0
+}
+
+// chunkClock counts bytes written and when each write came.
+type chunkClock struct {
+	mu    sync.Mutex
+	n     int
+	marks []struct {
+		n  int
+		at time.Time
+	}
+}
+
+func (c *chunkClock) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n += len(p)
+	c.marks = append(c.marks, struct {
+		n  int
+		at time.Time
+	}{c.n, time.Now()})
+	return len(p), nil
+}
+
+func (c *chunkClock) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+
+// firstAfter returns when the count first passed mark, or zero.
+func (c *chunkClock) firstAfter(mark int) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.marks {
+		if m.n > mark {
+			return m.at
+		}
+	}
+	return time.Time{}
+}
+
+// benchTB is the testing.TB that internal/sshtest needs, outside a test:
+// its temp dirs live in the scratch directory, its cleanups run with the
+// figure's, and a fatal error ends the figure with that error. The methods
+// sshtest does not call are not implemented (the embedded nil TB).
+type benchTB struct {
+	testing.TB
+	r *runner
+	n int
+}
+
+type benchFatal struct{ error }
+
+func (b *benchTB) Helper()                        {}
+func (b *benchTB) Cleanup(f func())               { b.r.onCleanup(f) }
+func (b *benchTB) Logf(format string, a ...any)   { b.r.logf(format, a...) }
+func (b *benchTB) Errorf(format string, a ...any) { b.r.logf(format, a...) }
+func (b *benchTB) Fatalf(format string, a ...any) { panic(benchFatal{fmt.Errorf(format, a...)}) }
+func (b *benchTB) Skipf(format string, a ...any)  { panic(benchFatal{fmt.Errorf(format, a...)}) }
+func (b *benchTB) TempDir() string {
+	b.n++
+	d := filepath.Join(b.r.scratch, "sshd-"+strconv.Itoa(b.n))
+	if err := os.Mkdir(d, 0o700); err != nil {
+		panic(benchFatal{err})
+	}
+	return d
+}

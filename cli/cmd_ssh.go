@@ -1,0 +1,158 @@
+package cli
+
+import (
+	"errors"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/controller"
+	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+func init() {
+	register(&command{
+		name:     "ssh",
+		summary:  "run a job on another host so that it cannot be lost (the controller side)",
+		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
+		help:     sshHelp,
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 64 usage or a run ID already in the ledger; 78 unsafe ledger",
+		run:      runSSH,
+	})
+}
+
+const sshHelp = `ssh runs CMD on DEST under agent-wrap, as 'ssh DEST CMD' would, with the
+controller's half of the contract: a ledger record written before the first
+connection, lease renewals over their own connections, a reattach from the
+byte offsets delivered after a lost connection, and on INT, TERM or HUP a
+confirmed remote cancel over a new connection. The job's stdout and stderr
+arrive byte for byte; the job's stdin is /dev/null. See docs/controller.md.
+`
+
+func runSSH(e *Env, args []string) int {
+	fs := e.flags("ssh")
+	rsh := fs.StringP("rsh", "e", "", "the ssh command `CMD`, split as a shell would (default $AGENT_WRAP_RSH, else ssh)")
+	remoteBin := fs.String("remote-bin", "agent-wrap", "the agent-wrap `PATH` on the host")
+	remoteRoot := fs.String("remote-root", "", "the run root `DIR` on the host (default: the host's own)")
+	id := fs.String("id", "", "the run `ID` (default: 128 random bits)")
+	var lease, grace, renewEvery, giveUp durationValue
+	lease, grace = -1, -1
+	fs.Var(&lease, "lease", "the run's lease `D` (default 5m; 0: no lease)")
+	fs.Var(&grace, "grace", "time `D` between TERM and KILL on the host (default 5s)")
+	fs.Var(&renewEvery, "renew-every", "renew the lease every `D` (default a third of the lease)")
+	fs.Var(&giveUp, "give-up", "stop trying to learn the outcome `D` after the last renewal that succeeded (default lease + grace + 30s)")
+	for _, name := range []string{"lease", "grace", "renew-every", "give-up"} {
+		fs.Lookup(name).DefValue = "" // the defaults are in the usage text
+	}
+	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
+	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
+	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	rest := fs.Args()
+	if len(rest) < 2 || rest[1] == "--" && len(rest) < 3 {
+		return e.usageError("ssh needs a destination and a command: ssh DEST -- CMD [ARG...]")
+	}
+	dest, argv := rest[0], rest[1:]
+	if argv[0] == "--" {
+		argv = argv[1:]
+	}
+	cfg := controller.Config{Dest: dest, RemoteBin: *remoteBin, RemoteRoot: *remoteRoot, ID: *id,
+		Grace: time.Duration(grace), RenewEvery: time.Duration(renewEvery), GiveUp: time.Duration(giveUp),
+		Stdout: e.Stdout, Stderr: e.Stderr}
+	switch {
+	case lease < 0:
+	case lease == 0:
+		cfg.Lease = -1
+	default:
+		cfg.Lease = time.Duration(lease)
+	}
+	if grace < 0 {
+		cfg.Grace = 0
+	}
+	if *id != "" {
+		if err := rundir.ValidID(*id); err != nil {
+			return e.usageError("ssh: --id: %v", err)
+		}
+	}
+	if *rsh == "" {
+		*rsh = e.Getenv("AGENT_WRAP_RSH")
+	}
+	if *rsh != "" {
+		words, err := controller.SplitCommand(*rsh)
+		if err != nil {
+			return e.usageError("ssh: --rsh %q: %v", *rsh, err)
+		}
+		cfg.Rsh = words
+	}
+	l, code := e.openLedger(*ledgerDir, true)
+	if l == nil {
+		return code
+	}
+	cfg.Ledger = l
+	if *events != "" {
+		f, err := os.OpenFile(*events, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			e.errorf("ssh: --events: %v", err)
+			return ExitUsage
+		}
+		defer f.Close()
+		cfg.Events = f
+	}
+
+	// Signals before the first record: none is lost between them.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
+	defer signal.Stop(sigs)
+
+	run, err := controller.Start(cfg, argv)
+	if err != nil {
+		e.errorf("ssh: %v", err)
+		switch {
+		case errors.Is(err, ledger.ErrExists):
+			e.hint("the ledger already holds that run; pick another --id, or see it with 'agent-wrap ledger'")
+			return ExitUsage
+		case rundir.IsUnsafe(err):
+			return ExitUnsafeRoot
+		case errors.Is(err, rundir.ErrBadID):
+			return ExitUsage
+		}
+		return ExitFailure
+	}
+	go func() {
+		for s := range sigs {
+			if s != syscall.SIGPIPE {
+				run.Cancel()
+			}
+		}
+	}()
+	return run.Follow(e.Ctx)
+}
+
+// openLedger resolves and opens the ledger; errors are printed and the
+// second result is the exit code to return.
+func (e *Env) openLedger(flag string, create bool) (*ledger.Ledger, int) {
+	path, err := ledger.Resolve(flag, e.Getenv)
+	if err != nil {
+		e.errorf("%v", err)
+		e.hint("pass --ledger DIR or set AGENT_WRAP_LEDGER")
+		return nil, ExitUsage
+	}
+	l, err := ledger.Open(path, create)
+	if err != nil {
+		e.errorf("%v", err)
+		switch {
+		case rundir.IsUnsafe(err):
+			e.hint("the ledger must be a real directory owned by you with mode 0700; fix it or choose another with --ledger")
+			return nil, ExitUnsafeRoot
+		case errors.Is(err, os.ErrNotExist):
+			e.hint("no run was ever started with this ledger; pass the --ledger the runs used")
+			return nil, ExitNoRun
+		}
+		return nil, ExitFailure
+	}
+	return l, 0
+}

@@ -1,0 +1,868 @@
+package controller
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/reconcile"
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+// Config is one run to start. Zero values take the defaults named.
+type Config struct {
+	Rsh        []string // the ssh command's words; default ["ssh"]
+	Dest       string   // the ssh destination; required
+	RemoteBin  string   // the remote agent-wrap; default "agent-wrap"
+	RemoteRoot string   // the remote --root; default: the host's own default
+	ID         string   // the run ID; default: NewID's 128 random bits
+
+	Lease      time.Duration // default 5m; negative: no lease (run --lease 0)
+	Grace      time.Duration // default 5s
+	RenewEvery time.Duration // default a third of the lease
+	// GiveUp is how long after the last renewal that succeeded (or the
+	// launch, before any) Follow stops trying to learn the outcome (see
+	// gaveUp). Default: lease + grace + 30s; with no lease, 5 minutes after
+	// the connection was lost.
+	GiveUp time.Duration
+
+	Ledger *ledger.Ledger // required
+	Events io.Writer      // controller events as JSON lines; nil: none
+	Stdout io.Writer      // the job's stdout; required
+	Stderr io.Writer      // the job's stderr; required
+	// Notice receives the controller's own words (a detach, a cancel, an
+	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
+	// "agent-wrap: ".
+	Notice func(string)
+}
+
+// exitCancelledBeforeLaunch is Follow's code for a run cancelled before
+// the host ever claimed it (ledger: not_started): 143, as a cancelled run.
+const exitCancelledBeforeLaunch = 143
+
+// Backoff bounds between reattach attempts: 0.2 s doubling to 5 s.
+const (
+	backoffMin = 200 * time.Millisecond
+	backoffMax = 5 * time.Second
+)
+
+// Run is a run started by Start. Its methods are safe for concurrent use.
+type Run struct {
+	cfg  Config
+	argv []string
+	h    *host
+	ev   *eventLog
+
+	mu  sync.Mutex
+	rec ledger.Record // the ledger record as last written
+
+	out, errw *countingWriter
+
+	lastRenew   atomic.Int64 // unix nanoseconds of the last successful renewal
+	launched    chan struct{}
+	launchOnce  sync.Once
+	cancelCh    chan struct{}
+	cancelOnce  sync.Once
+	cancelled   chan struct{} // closed once the host confirmed the cancel
+	renewFailed atomic.Bool   // a renewal was refused: the run is ending
+	reattaching atomic.Value  // string "N,M": a reattach from these offsets is not yet known to be up
+	renewNow    chan struct{} // a renewal wanted before the next tick
+	cancelFinal atomic.Pointer[finalWord]
+	lostSaid    atomic.Bool // the current loss was said; cleared when attached
+	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
+}
+
+// ID returns the run ID.
+func (r *Run) ID() string { return r.cfg.ID }
+
+// Record returns a copy of the run's ledger record as last written.
+func (r *Run) Record() ledger.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec
+}
+
+// Start checks cfg, writes the run's ledger record (launching) durably and
+// returns. It makes no connection. See the package doc.
+func Start(cfg Config, argv []string) (*Run, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("no command to run")
+	}
+	if cfg.Dest == "" {
+		return nil, errors.New("no destination")
+	}
+	if cfg.Ledger == nil || cfg.Stdout == nil || cfg.Stderr == nil {
+		return nil, errors.New("controller: Config needs Ledger, Stdout and Stderr")
+	}
+	if len(cfg.Rsh) == 0 {
+		cfg.Rsh = []string{"ssh"}
+	}
+	if cfg.RemoteBin == "" {
+		cfg.RemoteBin = "agent-wrap"
+	}
+	if cfg.ID == "" {
+		cfg.ID = ledger.NewID()
+	}
+	if err := rundir.ValidID(cfg.ID); err != nil {
+		return nil, err
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = 5 * time.Minute
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 5 * time.Second
+	}
+	if cfg.RenewEvery <= 0 && cfg.Lease > 0 {
+		cfg.RenewEvery = cfg.Lease / 3
+	}
+	if cfg.GiveUp <= 0 {
+		if cfg.Lease > 0 {
+			cfg.GiveUp = cfg.Lease + cfg.Grace + 30*time.Second
+		} else {
+			cfg.GiveUp = 5 * time.Minute
+		}
+	}
+	if cfg.Notice == nil {
+		w := cfg.Stderr
+		cfg.Notice = func(s string) { fmt.Fprintf(w, "agent-wrap: %s\n", s) }
+	}
+	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot)
+	if err != nil {
+		return nil, err
+	}
+	r := &Run{
+		cfg: cfg, argv: argv, h: h,
+		ev:        &eventLog{w: cfg.Events, id: cfg.ID},
+		out:       &countingWriter{w: cfg.Stdout},
+		errw:      &countingWriter{w: cfg.Stderr},
+		launched:  make(chan struct{}),
+		cancelCh:  make(chan struct{}),
+		cancelled: make(chan struct{}),
+		renewNow:  make(chan struct{}, 1),
+	}
+	lease := cfg.Lease.Seconds()
+	if cfg.Lease < 0 {
+		lease = 0
+	}
+	now := time.Now().UTC()
+	r.rec = ledger.Record{
+		RunID: cfg.ID, Dest: cfg.Dest, State: ledger.Launching,
+		Rsh: cfg.Rsh, RemoteBin: cfg.RemoteBin, RemoteRoot: cfg.RemoteRoot,
+		Command: argv, Lease: lease, Grace: cfg.Grace.Seconds(),
+		CreatedAt: now, ControllerPID: os.Getpid(),
+	}
+	if st, err := proc.ReadStat(os.Getpid()); err == nil {
+		r.rec.ControllerStart = st.Start
+	}
+	if err := cfg.Ledger.Create(&r.rec); err != nil {
+		h.close()
+		return nil, err
+	}
+	r.out.onWrite, r.errw.onWrite = r.progress, r.progress
+	r.reattaching.Store("")
+	r.lastRenew.Store(time.Now().UnixNano())
+	r.ev.emit(EvLaunching, map[string]any{"dest": cfg.Dest, "command": argv, "lease_seconds": lease})
+	return r, nil
+}
+
+// update changes the ledger record under the lock and writes it durably. A
+// write error is said (the run goes on; the previous record stands).
+func (r *Run) update(change func(*ledger.Record)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	change(&r.rec)
+	r.rec.StdoutBytes, r.rec.StderrBytes = r.out.n.Load(), r.errw.n.Load()
+	if err := r.cfg.Ledger.Update(&r.rec); err != nil {
+		r.cfg.Notice(fmt.Sprintf("run %s: cannot update the ledger: %v", r.cfg.ID, err))
+	}
+}
+
+func (r *Run) state() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec.State
+}
+
+// Cancel asks for the run to be cancelled: the ledger says cancel_requested
+// (synced) when it returns, and Follow sends `cancel --wait` over a new
+// connection. Calling it again, or after the run is settled, does nothing.
+func (r *Run) Cancel() {
+	r.cancelOnce.Do(func() {
+		if r.state() == ledger.Settled {
+			return
+		}
+		r.update(func(rec *ledger.Record) {
+			rec.State = ledger.CancelRequested
+			rec.CancelRequested = true
+		})
+		r.ev.emit(EvCancelRequested, nil)
+		r.cfg.Notice(fmt.Sprintf("run %s: cancelling on %s", r.cfg.ID, r.cfg.Dest))
+		close(r.cancelCh)
+	})
+}
+
+func (r *Run) cancelRequested() bool { return isClosed(r.cancelCh) }
+
+// isClosed reports whether ch is closed, without waiting.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// gaveUp reports whether --give-up has passed since the last renewal that
+// succeeded. Where there is nothing to renew (no lease, or the host refused
+// a renewal because the run is ending) the output's progress and each
+// successful connection count as renewals, and a run without a lease gives
+// up only while detached.
+func (r *Run) gaveUp() bool {
+	if r.cfg.Lease < 0 {
+		if st := r.state(); st != ledger.Detached && st != ledger.Launching {
+			return false
+		}
+	}
+	return time.Since(time.Unix(0, r.lastRenew.Load())) > r.cfg.GiveUp
+}
+
+// progress is called on every write of the job's output.
+func (r *Run) progress() {
+	r.attached()
+	if r.cfg.Lease < 0 || r.renewFailed.Load() {
+		r.lastRenew.Store(time.Now().UnixNano())
+	}
+}
+
+// Follow drives the run to its end; see the package doc. It returns the
+// exit code for the controller: the run's, or 255 when unknown.
+func (r *Run) Follow(ctx context.Context) int {
+	defer r.h.close()
+	ctx, stop := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	defer bg.Wait() // after stop: the renewals and the cancel end with ctx
+	defer stop()
+	bg.Add(2)
+	go func() { defer bg.Done(); r.renewLoop(ctx) }()
+	go func() { defer bg.Done(); r.cancelLoop(ctx) }()
+
+	b := backoff{}
+	probe := false // a launch was lost before its answer: is the run there?
+	for {
+		if r.gaveUp() {
+			return r.giveUp()
+		}
+		if ctx.Err() != nil {
+			return r.unknown("stopped before the outcome was known")
+		}
+		if !r.isLaunched() {
+			if probe {
+				v, res := r.reconcile(ctx)
+				switch {
+				case res.lost():
+					r.detached(res.why())
+					b.wait(ctx)
+					continue
+				case res.code == 66 && r.cancelRequested():
+					r.settle(ledger.NotStarted, -1, "", "cancelled before the launch reached the host")
+					return exitCancelledBeforeLaunch
+				case res.code == 66:
+					probe = false // never claimed: launch again (the claim is atomic)
+				case v != nil:
+					// The lost launch did reach the host: the run is
+					// there (its record was not seen; reconcile has no pid).
+					r.running(&launchRecord{RunID: r.cfg.ID})
+					r.markLaunched()
+					continue
+				default:
+					return r.launchFailed(ctx, res.code, "")
+				}
+			}
+			if r.cancelRequested() && !probe {
+				// Cancelled before any launch could have reached the host.
+				r.settle(ledger.NotStarted, -1, "", "cancelled before the launch")
+				return exitCancelledBeforeLaunch
+			}
+			res, rec, said := r.launch(ctx)
+			switch {
+			case rec == nil && res.lost():
+				probe = true
+				r.detached(res.why())
+				b.wait(ctx)
+				continue
+			case rec == nil:
+				return r.launchFailed(ctx, res.code, said)
+			case res.lost():
+				r.detached(res.why())
+				b.wait(ctx)
+				continue
+			}
+			if code, done := r.finish(ctx, res.code); done {
+				return code
+			}
+			continue
+		}
+		start := time.Now()
+		delivered := r.out.n.Load() + r.errw.n.Load()
+		res := r.attach(ctx)
+		if r.out.n.Load()+r.errw.n.Load() > delivered || time.Since(start) > backoffMax {
+			b.reset()
+		}
+		if res.lost() {
+			r.detached(res.why())
+			b.wait(ctx)
+			continue
+		}
+		if code, done := r.finish(ctx, res.code); done {
+			return code
+		}
+		b.wait(ctx)
+	}
+}
+
+func (r *Run) isLaunched() bool { return isClosed(r.launched) }
+
+func (r *Run) markLaunched() { r.launchOnce.Do(func() { close(r.launched) }) }
+
+// launch runs `run --detach ... 2>&1 && exec attach` on one connection.
+// The detach's words (its record last) come first on stdout; what comes
+// after the record is the job's. It returns the record when one arrived,
+// and what came before it (messages) as said.
+func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
+	lease := "0"
+	if r.cfg.Lease > 0 {
+		lease = r.cfg.Lease.String()
+	}
+	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String(), r.cfg.ID, "--"}, r.argv...)
+	// --from before the ID: an agent-wrap too old to know attach reads
+	// this as the short form of run with an unknown flag, a usage error
+	// (64) found before any claim, rather than run a job named RUN_ID.
+	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote("attach", "--from", "0,0", r.cfg.ID)
+
+	pr, pw := io.Pipe()
+	var rec *launchRecord
+	var said bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rec = r.splitLaunch(pr, &said)
+		io.Copy(io.Discard, pr)
+	}()
+	ctx, cancel := r.withGiveUp(ctx)
+	defer cancel()
+	res := r.h.call(ctx, line, pw, r.errw)
+	pw.Close()
+	<-done
+	if said.Len() > 0 {
+		// What the host said before (or instead of) a record: agent-wrap's
+		// messages, or the shell's (command not found). Not the job's, so
+		// not counted in its stderr.
+		r.cfg.Stderr.Write(said.Bytes())
+	}
+	return res, rec, said.String()
+}
+
+// launchRecord is what the controller reads of the run --detach record.
+type launchRecord struct {
+	RunID  string `json:"run_id"`
+	State  string `json:"state"`
+	PID    int    `json:"pid"`
+	PGID   int    `json:"pgid"`
+	BootID string `json:"boot_id"`
+}
+
+// splitLaunch reads the launch connection's stdout: lines before the
+// record's opening "{" line go to said, the record is decoded, and
+// everything after it is copied to the job's stdout (counted). It returns
+// nil when no record came.
+func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer) *launchRecord {
+	br := bufio.NewReaderSize(in, 64<<10)
+	for {
+		line, err := br.ReadString('\n')
+		if line == "{\n" {
+			var rec launchRecord
+			dec := json.NewDecoder(io.MultiReader(strings.NewReader(line), br))
+			if err := dec.Decode(&rec); err != nil || rec.RunID != r.cfg.ID {
+				said.WriteString(line)
+				return nil
+			}
+			rest := io.MultiReader(dec.Buffered(), br)
+			var nl [1]byte
+			if n, _ := io.ReadFull(rest, nl[:]); n == 1 && nl[0] != '\n' {
+				r.out.Write(nl[:])
+			}
+			r.running(&rec)
+			r.markLaunched()
+			io.Copy(r.out, rest)
+			return &rec
+		}
+		said.WriteString(line)
+		if err != nil {
+			return nil
+		}
+	}
+}
+
+// running records the run's start on the host.
+func (r *Run) running(rec *launchRecord) {
+	r.update(func(l *ledger.Record) {
+		if l.State == ledger.Launching {
+			l.State = ledger.Running
+		}
+		l.RemotePID, l.RemotePGID, l.BootID = rec.PID, rec.PGID, rec.BootID
+		l.Reason = ""
+	})
+	r.lostSaid.Store(false)
+	r.ev.emit(EvRunning, map[string]any{"remote_pid": rec.PID, "boot_id": rec.BootID})
+}
+
+// attach runs `attach --from N,M` from the byte counts delivered so far.
+func (r *Run) attach(ctx context.Context) callResult {
+	from := fmt.Sprintf("%d,%d", r.out.n.Load(), r.errw.n.Load())
+	if r.state() == ledger.Detached {
+		r.reattaching.Store(from)
+		// Renew at once: the lease may have lost renewals while detached,
+		// and a renewal that succeeds confirms the host is back.
+		select {
+		case r.renewNow <- struct{}{}:
+		default:
+		}
+	}
+	ctx, cancel := r.withGiveUp(ctx)
+	defer cancel()
+	line := r.h.remote("attach", "--from", from, r.cfg.ID)
+	if r.noAttach.Load() {
+		// The host cannot stream: learn the end with wait (75 at the
+		// timeout, which finish takes for a live run and follows again).
+		line = r.h.remote("wait", "--timeout", "60s", r.cfg.ID)
+	}
+	res := r.h.call(ctx, line, r.out, r.errw)
+	if !res.lost() {
+		r.attached()
+		if r.cfg.Lease < 0 || r.renewFailed.Load() {
+			r.lastRenew.Store(time.Now().UnixNano())
+		}
+	}
+	r.reattaching.Store("")
+	return res
+}
+
+// attached records that a reattach is up: its first byte arrived, a
+// renewal succeeded while it ran, or it ended with the run's code. The
+// ledger is running again and the event is attached, once per reattach.
+func (r *Run) attached() {
+	from, _ := r.reattaching.Swap("").(string)
+	if from == "" {
+		return
+	}
+	r.lostSaid.Store(false)
+	r.update(func(l *ledger.Record) {
+		if l.State == ledger.Detached {
+			l.State = ledger.Running
+			if l.CancelRequested {
+				l.State = ledger.CancelRequested
+			}
+			l.Reason = ""
+		}
+	})
+	r.ev.emit(EvAttached, map[string]any{"from": from})
+}
+
+// withGiveUp returns ctx that also ends when --give-up passes, whatever
+// the call's ssh still believes.
+func (r *Run) withGiveUp(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if r.gaveUp() {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return ctx, cancel
+}
+
+// detached records a lost connection, once per loss.
+func (r *Run) detached(why string) {
+	if r.gaveUp() {
+		return // the give-up killed the call; Follow says so next
+	}
+	if !r.lostSaid.Swap(true) {
+		if r.isLaunched() {
+			r.cfg.Notice(fmt.Sprintf("run %s: connection to %s lost (%s); reattaching", r.cfg.ID, r.cfg.Dest, why))
+		} else {
+			r.cfg.Notice(fmt.Sprintf("run %s: cannot reach %s (%s); retrying", r.cfg.ID, r.cfg.Dest, why))
+		}
+	}
+	if r.cfg.Lease < 0 && r.state() != ledger.Detached {
+		r.lastRenew.Store(time.Now().UnixNano()) // no lease: give-up counts from the loss
+	}
+	r.update(func(l *ledger.Record) {
+		if l.State != ledger.Launching {
+			l.State = ledger.Detached
+		}
+		l.Reason = why
+	})
+	r.ev.emit(EvDetached, map[string]any{"reason": why, "stdout_bytes": r.out.n.Load(), "stderr_bytes": r.errw.n.Load()})
+}
+
+// unambiguous reports whether an attach's exit code can only be the run's
+// own code of a finished run: not a code agent-wrap uses for itself (1, 64,
+// 66, 70, 75, 78, 125-127), nor one a cancel gives (124, 129, 130, 143).
+func unambiguous(code int) bool {
+	switch code {
+	case 1, 64, 66, 70, 75, 78, 124, 125, 126, 127, 129, 130, 143:
+		return false
+	}
+	return code >= 0 && code < 256
+}
+
+// finish settles the run after its attach ended with code. done is false
+// when the run turns out to be live (attach ended early): follow it again.
+func (r *Run) finish(ctx context.Context, code int) (int, bool) {
+	if unambiguous(code) && !r.cancelRequested() {
+		r.settle(ledger.Completed, code, "", "")
+		return code, true
+	}
+	if r.cancelRequested() {
+		// The cancel's confirmation names the final state and cause; it
+		// comes with the attach's end. Without it, ask reconcile.
+		select {
+		case <-r.cancelled:
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+		if f := r.cancelFinal.Load(); f != nil && f.code == code {
+			outcome := ledger.Completed
+			if f.state == "cancelled" {
+				outcome = ledger.Cancelled
+			}
+			r.settle(outcome, code, f.cause, "")
+			return code, true
+		}
+	}
+	// Ask the host what the code means: the record's state and cause.
+	b := backoff{}
+	for {
+		v, res := r.reconcile(ctx)
+		switch {
+		case res.lost():
+			if r.gaveUp() || ctx.Err() != nil {
+				return r.giveUp(), true
+			}
+			b.wait(ctx)
+			continue
+		case v == nil:
+			return r.unknown(fmt.Sprintf("reconcile on %s exited %d without a verdict", r.cfg.Dest, res.code)), true
+		}
+		switch v.Outcome {
+		case reconcile.Completed, reconcile.Cancelled:
+			c := code
+			if v.ExitCode != nil {
+				c = *v.ExitCode
+			}
+			if code == 64 && c != 64 {
+				r.attachRefused() // a usage error that was not the run's code
+			}
+			r.settle(v.Outcome, c, v.Evidence.Cause, "")
+			return c, true
+		case reconcile.Running:
+			if code == 64 {
+				r.attachRefused() // the run is live, so the 64 was attach's
+			}
+			return 0, false
+		}
+		r.settle(ledger.Unknown, -1, v.Evidence.Cause, v.Reason)
+		return r.unknown(v.Reason), true
+	}
+}
+
+// attachRefused says, once, that the host's agent-wrap has no attach, and
+// makes Follow learn the run's end with wait instead.
+func (r *Run) attachRefused() {
+	if r.noAttach.Swap(true) {
+		return
+	}
+	r.cfg.Notice(fmt.Sprintf("run %s: the agent-wrap on %s has no attach command (it is older than this controller), so the job's output is not streamed", r.cfg.ID, r.cfg.Dest))
+	r.cfg.Notice(fmt.Sprintf("hint: 'agent-wrap deploy %s' installs this version; 'agent-wrap ssh' waits for the run's end meanwhile", r.cfg.Dest))
+}
+
+// reconcile asks the host for the run's verdict (nil when none came).
+func (r *Run) reconcile(ctx context.Context) (*reconcile.Verdict, callResult) {
+	return askVerdict(ctx, r.h, r.cfg.ID, r.cfg.Grace+30*time.Second)
+}
+
+func askVerdict(ctx context.Context, h *host, id string, timeout time.Duration) (*reconcile.Verdict, callResult) {
+	var out, errb bytes.Buffer
+	res := h.callTimeout(ctx, timeout, h.remote("reconcile", "--json", id), &out, &errb)
+	if res.lost() {
+		return nil, res
+	}
+	var v reconcile.Verdict
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &v); err != nil || v.RunID != id {
+		return nil, res
+	}
+	return &v, res
+}
+
+// settle records the outcome: state settled.
+func (r *Run) settle(outcome string, code int, cause, reason string) {
+	r.update(func(l *ledger.Record) { l.MarkSettled(outcome, code, cause, reason) })
+	f := map[string]any{"outcome": outcome, "cause": cause}
+	if code >= 0 {
+		f["exit_code"] = code
+	}
+	if reason != "" {
+		f["reason"] = reason
+	}
+	r.ev.emit(EvSettled, f)
+}
+
+// launchFailed answers a launch that ended without a record: the host's
+// agent-wrap refused or failed (its message was relayed), or the host has
+// no agent-wrap. A verdict decides which.
+func (r *Run) launchFailed(ctx context.Context, code int, said string) int {
+	v, res := r.reconcile(ctx)
+	switch {
+	case v != nil && (v.Outcome == reconcile.Completed || v.Outcome == reconcile.Cancelled):
+		c := code
+		if v.ExitCode != nil {
+			c = *v.ExitCode
+		}
+		r.settle(v.Outcome, c, v.Evidence.Cause, v.Reason)
+		return c
+	case res.code == 127 && v == nil:
+		reason := fmt.Sprintf("%s has no agent-wrap at %q", r.cfg.Dest, r.cfg.RemoteBin)
+		r.settle(ledger.NotStarted, -1, "", reason)
+		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
+		r.cfg.Notice(fmt.Sprintf("hint: install it there with 'agent-wrap deploy %s', or name it with --remote-bin PATH", r.cfg.Dest))
+		return 127
+	case res.code == 66:
+		reason := fmt.Sprintf("the host refused the launch (exit %d)", code)
+		if s := strings.TrimSpace(said); s != "" {
+			reason += ": " + lastLine(s)
+		}
+		r.settle(ledger.NotStarted, -1, "", reason)
+		return code
+	case v != nil:
+		// The ID is there but not ours to have started: a live or unknown
+		// run (exit 75 from the launch). It was not started by this call.
+		reason := fmt.Sprintf("run ID already in use on %s (%s)", r.cfg.Dest, v.Outcome)
+		r.settle(ledger.NotStarted, -1, "", reason)
+		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
+		return code
+	}
+	reason := fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", code, res.why())
+	r.update(func(l *ledger.Record) { l.Reason = reason })
+	return r.unknown(reason)
+}
+
+func lastLine(s string) string {
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// unknown says the outcome is unknown, naming settle, and returns 255.
+func (r *Run) unknown(reason string) int {
+	r.cfg.Notice(fmt.Sprintf("run %s on %s: outcome unknown: %s", r.cfg.ID, r.cfg.Dest, reason))
+	r.cfg.Notice(fmt.Sprintf("hint: 'agent-wrap settle %s' asks the host again and records the outcome", r.cfg.ID))
+	return 255
+}
+
+// giveUp leaves the run unsettled for settle and returns 255.
+func (r *Run) giveUp() int {
+	reason := fmt.Sprintf("no renewal succeeded for %v (--give-up); the lease has ended the run on the host", r.cfg.GiveUp)
+	if !r.isLaunched() {
+		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); the run was never seen to start", r.cfg.Dest, r.cfg.GiveUp)
+	}
+	r.update(func(l *ledger.Record) {
+		if l.State != ledger.Launching {
+			l.State = ledger.Detached
+		}
+		l.Reason = reason
+		l.ControllerPID, l.ControllerStart = 0, 0
+	})
+	return r.unknown(reason)
+}
+
+// renewLoop renews the lease every RenewEvery over its own connection,
+// once the run is launched, until a renewal is refused or ctx ends.
+func (r *Run) renewLoop(ctx context.Context) {
+	if r.cfg.Lease < 0 {
+		return
+	}
+	select {
+	case <-r.launched:
+	case <-ctx.Done():
+		return
+	}
+	r.lastRenew.Store(time.Now().UnixNano()) // the launch renewed it
+	t := time.NewTicker(r.cfg.RenewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.renewNow:
+		}
+		var out, errb bytes.Buffer
+		res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote("renew", r.cfg.ID), &out, &errb)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case res.code == 0:
+			r.lastRenew.Store(time.Now().UnixNano())
+			r.ev.emit(EvRenewed, nil)
+			r.attached()
+		case res.lost():
+			r.ev.emit(EvRenewFailed, map[string]any{"reason": "unreachable", "error": res.why()})
+		default:
+			// Refused: the run is terminal, cancelling, or past its
+			// deadline. Renewing stops; the stream tells the outcome.
+			r.renewFailed.Store(true)
+			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": lastLine(strings.TrimSpace(errb.String()))})
+			return
+		}
+	}
+}
+
+// cancelLoop waits for Cancel, then for the launch, then sends
+// `cancel --wait` over new connections until the host confirms it.
+func (r *Run) cancelLoop(ctx context.Context) {
+	select {
+	case <-r.cancelCh:
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case <-r.launched:
+	case <-ctx.Done():
+		return
+	}
+	b := backoff{}
+	wait := r.cfg.Grace + 30*time.Second
+	for ctx.Err() == nil {
+		var out, errb bytes.Buffer
+		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote("cancel", "--wait", wait.String(), r.cfg.ID), &out, &errb)
+		if res.code == 0 {
+			line := strings.TrimSpace(out.String())
+			if f, ok := parseFinal(r.cfg.ID, line); ok {
+				r.cancelFinal.Store(&f)
+			}
+			close(r.cancelled)
+			r.ev.emit(EvCancelConfirmed, map[string]any{"record": line})
+			return
+		}
+		if res.code == 66 {
+			return // no such run: nothing to cancel
+		}
+		b.wait(ctx)
+	}
+}
+
+// backoff spaces reattach attempts: 0.2 s doubling to 5 s.
+type backoff struct{ d time.Duration }
+
+func (b *backoff) reset() { b.d = 0 }
+
+// wait sleeps the next interval, ending early when ctx ends.
+func (b *backoff) wait(ctx context.Context) {
+	if b.d == 0 {
+		b.d = backoffMin
+	} else if b.d *= 2; b.d > backoffMax {
+		b.d = backoffMax
+	}
+	t := time.NewTimer(b.d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// countingWriter counts the bytes delivered to w. A write error (the
+// controller's own stdout closed) counts the bytes as delivered and drops
+// them: the run is not disturbed because its reader went away.
+type countingWriter struct {
+	mu      sync.Mutex
+	w       io.Writer
+	n       atomic.Int64
+	onWrite func() // called after each write, outside the lock
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	_, _ = c.w.Write(p)
+	c.n.Add(int64(len(p)))
+	c.mu.Unlock()
+	if c.onWrite != nil && len(p) > 0 {
+		c.onWrite()
+	}
+	return len(p), nil
+}
+
+// finalWord is a confirmed final record as `cancel` prints it.
+type finalWord struct {
+	state, cause string
+	code         int
+}
+
+// parseFinal reads cancel's confirmation, "ID: [already ]STATE[ (cause
+// CAUSE)], exit code N, survivors []". Only a terminal state with no
+// survivors is taken; anything else is left to reconcile.
+func parseFinal(id, line string) (finalWord, bool) {
+	var f finalWord
+	rest, ok := strings.CutPrefix(line, id+": ")
+	if !ok {
+		return f, false
+	}
+	rest = strings.TrimPrefix(rest, "already ")
+	head, tail, ok := strings.Cut(rest, ", exit code ")
+	if !ok {
+		return f, false
+	}
+	num, surv, ok := strings.Cut(tail, ", survivors ")
+	if !ok || surv != "[]" {
+		return f, false
+	}
+	code, err := strconv.Atoi(num)
+	if err != nil {
+		return f, false
+	}
+	state, cause, hasCause := strings.Cut(head, " (cause ")
+	if hasCause {
+		if cause, ok = strings.CutSuffix(cause, ")"); !ok {
+			return f, false
+		}
+	}
+	switch state {
+	case "finished", "cancelled", "launch_failed":
+	default:
+		return f, false
+	}
+	return finalWord{state: state, cause: cause, code: code}, true
+}

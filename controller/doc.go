@@ -1,0 +1,46 @@
+// Package controller is the controller's half of agent-wrap's cancellation
+// contract: it runs a job on another host through `ssh DEST agent-wrap ...`
+// so that the run cannot be lost, and `agent-wrap ssh`, `ledger` and
+// `settle` are thin faces over it.
+//
+// A runner written in Go calls Start, then Follow, calling Cancel from its
+// signal handler; Settle answers later for any run a controller started,
+// even one whose controller was killed.
+//
+//	run, err := controller.Start(cfg, argv) // ledger record on disk: launching
+//	if err != nil { ... }                  // nothing was started
+//	go func() { <-interrupted; run.Cancel() }()
+//	code := run.Follow(ctx)                // the run's exit code, or 255
+//
+// What the calls guarantee:
+//   - Start writes the run's ledger record (state launching) and syncs it
+//     and its directory before it returns; it makes no connection. An error
+//     means nothing was started and nothing written (a run ID already in the
+//     ledger is ledger.ErrExists).
+//   - Follow launches the run (`run --detach` and `attach` on one
+//     connection), delivers the job's stdout and stderr to Config.Stdout and
+//     Config.Stderr byte for byte, renews the lease over connections of its
+//     own, and after a lost connection reattaches with `attach --from N,M`
+//     from the byte counts it delivered: no byte lost, none twice. Every
+//     change is in the ledger (synced) before Follow acts on it. It returns
+//     the run's exit code as `run` gives it once the outcome is known (the
+//     record then settled), or 255 when it is not: --give-up passed since
+//     the last renewal that succeeded, or the host says unknown. A run left
+//     unsettled is for Settle.
+//   - Cancel records cancel_requested in the ledger (synced) before it
+//     returns, and makes Follow send `cancel --wait` over a new connection
+//     while the stream goes on delivering output up to the final record. It
+//     never merely kills an ssh client.
+//   - Settle asks the host (`reconcile --json`) about one unsettled run and
+//     records the outcome; it never signals anything.
+//
+// Every remote call is `RSH [keepalives] [-E LOG] -- DEST LINE`, LINE being
+// the remote agent-wrap command with every word quoted for a POSIX shell
+// (see Quote), so the job's argv arrives exactly, and ssh's configuration
+// (ControlMaster, ProxyJump, ports, identities) is the user's own. The
+// keepalive options (ServerAliveInterval=10, ServerAliveCountMax=3) and -E
+// (ssh's own messages to a log, never into the job's stderr) are added only
+// when RSH is OpenSSH's ssh, and the keepalives only when the user set no
+// ServerAliveInterval (in the RSH words or the ssh configuration files;
+// `ssh -G DEST` when those cannot be followed).
+package controller

@@ -1,0 +1,43 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/agent-wrap/agent-wrap/controller"
+	"github.com/agent-wrap/agent-wrap/ledger"
+)
+
+// A runner's loop: start (the ledger record is on disk before any
+// connection), cancel on a signal, follow to the run's exit code. After a
+// crash of the runner, controller.Settle (or `agent-wrap settle --all`)
+// finishes every run the ledger holds.
+func Example() {
+	l, err := ledger.Open("/var/lib/my-runner/ledger", true)
+	if err != nil {
+		panic(err)
+	}
+	run, err := controller.Start(controller.Config{
+		Rsh:    []string{"ssh", "-o", "BatchMode=yes"},
+		Dest:   "build-host-7",
+		Ledger: l,
+		Stdout: os.Stdout,
+		Stderr: os.Stderr,
+	}, []string{"make", "test"})
+	if err != nil {
+		panic(err) // nothing was started
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() { <-sigs; run.Cancel() }()
+	code := run.Follow(context.Background()) // the run's code, or 255: unknown
+	rec := run.Record()                      // the ledger's word: outcome, cause, exit_code
+	if rec.State != ledger.Settled {
+		// Unknown for now: controller.Settle(ctx, l, run.ID()) asks again later.
+		fmt.Fprintf(os.Stderr, "run %s: %s\n", run.ID(), rec.Reason)
+	}
+	_ = code // exit with it, as ssh would
+}

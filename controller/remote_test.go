@@ -1,0 +1,115 @@
+package controller
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// hostile is the argv a remote call must deliver exactly.
+var hostile = []string{"two words", `it's "quoted"`, "$HOME", "a;b", `back\slash`, "line\nbreak", "", "-n", "--", "\xff\xfe\x80", "*", "`id`", "'", "\t"}
+
+// TestQuoteThroughShell hands Quote's line to a real POSIX shell, as sshd
+// hands it to the login shell, and checks each word arrives byte for byte.
+func TestQuoteThroughShell(t *testing.T) {
+	for _, shell := range []string{"/bin/sh", "/bin/bash"} {
+		line := Quote(append([]string{"printf", `%s\000`}, hostile...)...)
+		out, err := exec.Command(shell, "-c", line).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", shell, err)
+		}
+		got := strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
+		if !reflect.DeepEqual(got, hostile) {
+			t.Errorf("%s: got %q, want %q", shell, got, hostile)
+		}
+	}
+}
+
+func TestSplitCommand(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"ssh", []string{"ssh"}},
+		{"  ssh  -p 2222 ", []string{"ssh", "-p", "2222"}},
+		{`ssh -o 'ProxyCommand=nc %h %p'`, []string{"ssh", "-o", "ProxyCommand=nc %h %p"}},
+		{`ssh -o "A=b c" -i\ x`, []string{"ssh", "-o", "A=b c", "-i x"}},
+		{`ssh ""`, []string{"ssh", ""}},
+		{`a"b\"c"d`, []string{`ab"cd`}},
+	} {
+		got, err := SplitCommand(tc.in)
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("SplitCommand(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "   ", "ssh 'x", `ssh "x`} {
+		if _, err := SplitCommand(bad); err == nil {
+			t.Errorf("SplitCommand(%q): no error", bad)
+		}
+	}
+}
+
+func TestUnambiguous(t *testing.T) {
+	for code, want := range map[int]bool{0: true, 2: true, 7: true, 137: true, 1: false, 66: false, 75: false, 124: false, 127: false, 143: false, 130: false} {
+		if unambiguous(code) != want {
+			t.Errorf("unambiguous(%d) = %v", code, !want)
+		}
+	}
+}
+
+func TestParseFinal(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want finalWord
+		ok   bool
+	}{
+		{"r1: cancelled (cause cancel), exit code 143, survivors []", finalWord{"cancelled", "cancel", 143}, true},
+		{"r1: already finished, exit code 0, survivors []", finalWord{"finished", "", 0}, true},
+		{"r1: already cancelled (cause signal:TERM), exit code 143, survivors []", finalWord{"cancelled", "signal:TERM", 143}, true},
+		{"r1: cancelled (cause cancel), exit code 143, survivors [77]", finalWord{}, false},
+		{"r2: cancelled (cause cancel), exit code 143, survivors []", finalWord{}, false},
+		{"r1: running, exit code 0, survivors []", finalWord{}, false},
+		{"garbage", finalWord{}, false},
+	} {
+		got, ok := parseFinal("r1", tc.line)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("parseFinal(%q) = %+v, %v; want %+v, %v", tc.line, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestConfigMentions(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	os.Mkdir(filepath.Join(dir, "conf.d"), 0o700)
+	write("conf.d/a.conf", "Host x\n  ServerAliveInterval 30\n")
+	plain := write("plain", "Host *\n  User me\n")
+	direct := write("direct", "Host *\n  serveraliveinterval=5\n")
+	incl := write("incl", "Include "+filepath.Join(dir, "conf.d", "*.conf")+"\n")
+	token := write("token", "Include ~/.ssh/%h.conf\n")
+	for _, tc := range []struct {
+		rsh  []string
+		want int
+	}{
+		{[]string{"ssh", "-F", plain}, notMentioned},
+		{[]string{"ssh", "-F", direct}, mentioned},
+		{[]string{"ssh", "-F" + incl}, mentioned},
+		{[]string{"ssh", "-F", token}, cannotTell},
+		{[]string{"ssh", "-F", "/dev/null"}, notMentioned},
+		{[]string{"ssh", "-F", filepath.Join(dir, "missing")}, notMentioned},
+		{[]string{"ssh", "-qF", plain}, cannotTell},
+	} {
+		if got := configMentions(tc.rsh, "serveraliveinterval"); got != tc.want {
+			t.Errorf("configMentions(%q) = %d, want %d", tc.rsh, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,234 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/internal/relay"
+	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+	"github.com/agent-wrap/agent-wrap/ledger"
+)
+
+// The controller (`agent-wrap ssh`) under test: each test runs the real
+// agent-wrap binary as the controller, its every connection going through
+// a relay the test controls (-o ProxyCommand=) to a real sshd on 127.0.0.1.
+
+// ctlHarness is one test's sshd, relay, run root and ledger.
+type ctlHarness struct {
+	*harness
+	rl     *relay.Relay
+	ledger string
+	events string
+}
+
+func newCtlHarness(t *testing.T) *ctlHarness {
+	t.Helper()
+	h := newHarness(t)
+	dir := t.TempDir()
+	return &ctlHarness{
+		harness: h,
+		rl:      relay.Start(t, h.srv.Host()+":"+strconv.Itoa(h.srv.Port())),
+		ledger:  filepath.Join(dir, "ledger"),
+		events:  filepath.Join(dir, "events.jsonl"),
+	}
+}
+
+// rsh is the --rsh value: the test server's ssh options, through the relay,
+// with keepalives that notice a blackhole within about 3 s.
+func (c *ctlHarness) rsh(first ...string) string {
+	args := append(append([]string{"ssh"}, first...), c.srv.SSHArgs()...)
+	args = append(args, "-o", "ProxyCommand="+c.rl.ProxyCommand(),
+		"-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3")
+	return sshtest.Quote(args...)
+}
+
+// ctl is one controller process.
+type ctl struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer
+	errb bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+// start runs `agent-wrap ssh` with flags for run id and argv.
+func (c *ctlHarness) start(id string, flags []string, argv ...string) *ctl {
+	c.t.Helper()
+	args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", bin, "--remote-root", c.root,
+		"--ledger", c.ledger, "--events", c.events, "--id", id}
+	args = append(args, flags...)
+	args = append(args, c.srv.Destination(), "--")
+	args = append(args, argv...)
+	k := &ctl{done: make(chan struct{})}
+	k.cmd = exec.Command(bin, args...)
+	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
+	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
+	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := k.cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	go func() { k.err = k.cmd.Wait(); close(k.done) }()
+	c.t.Cleanup(func() {
+		select {
+		case <-k.done:
+		default:
+			_ = k.cmd.Process.Kill()
+			<-k.done
+		}
+	})
+	return k
+}
+
+func (k *ctl) stdout() string { k.mu.Lock(); defer k.mu.Unlock(); return k.out.String() }
+func (k *ctl) stderr() string { k.mu.Lock(); defer k.mu.Unlock(); return k.errb.String() }
+
+func (k *ctl) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := k.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signalling the controller: %v", err)
+	}
+}
+
+// wait waits for the controller's exit code.
+func (k *ctl) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-k.done:
+	case <-time.After(2 * waitLong):
+		t.Fatalf("controller still running after %v\nstdout: %s\nstderr: %s", 2*waitLong, tail(k.stdout()), k.stderr())
+	}
+	var words []string
+	for _, l := range strings.Split(k.stderr(), "\n") {
+		if strings.HasPrefix(l, "agent-wrap: ") {
+			words = append(words, l)
+		}
+	}
+	t.Logf("controller exit %d; its own words:\n%s", exitCode(k.err), strings.Join(words, "\n"))
+	return exitCode(k.err)
+}
+
+// attachClient returns the PID of the controller's ssh client running
+// `attach` (a child of the controller, chosen by its command line among
+// the controller's own children), or 0.
+func (k *ctl) attachClient() int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, ok := readStat(pid)
+		if !ok || st.ppid != k.cmd.Process.Pid || st.dead() {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if bytes.Contains(b, []byte(" attach ")) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// ledgerRec reads the run's ledger record.
+func (c *ctlHarness) ledgerRec(id string) ledger.Record {
+	c.t.Helper()
+	var r ledger.Record
+	b, err := os.ReadFile(filepath.Join(c.ledger, id+".json"))
+	if err != nil {
+		c.t.Fatalf("ledger: %v", err)
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		c.t.Fatalf("ledger %s: %v", id, err)
+	}
+	return r
+}
+
+// wantSettled checks the ledger's final word on a run.
+func (c *ctlHarness) wantSettled(id, outcome, cause string, code int) {
+	c.t.Helper()
+	r := c.ledgerRec(id)
+	if r.State != ledger.Settled || r.Outcome != outcome || cause != "" && r.Cause != cause || r.ExitCode == nil || *r.ExitCode != code {
+		got := -1
+		if r.ExitCode != nil {
+			got = *r.ExitCode
+		}
+		c.t.Errorf("ledger %s: state=%s outcome=%s cause=%s exit=%d reason=%q; want settled %s cause=%q exit %d",
+			id, r.State, r.Outcome, r.Cause, got, r.Reason, outcome, cause, code)
+	}
+}
+
+// ctlEvents returns the controller events of run id, in order.
+func (c *ctlHarness) ctlEvents(id string) []string {
+	b, _ := os.ReadFile(c.events)
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["run_id"] == id {
+			names = append(names, m["event"].(string))
+		}
+	}
+	return names
+}
+
+// waitEvent waits until run id's controller events include name, after
+// skip events.
+func (c *ctlHarness) waitEvent(id, name string, after int) {
+	c.t.Helper()
+	eventually(c.t, "controller event "+name, func() bool {
+		ev := c.ctlEvents(id)
+		return len(ev) > after && contains(ev[after:], name)
+	})
+}
+
+// treeGone checks from the host's /proc that nothing of the run's recorded
+// process group is alive.
+func (c *ctlHarness) treeGone(id string) {
+	c.t.Helper()
+	r, err := c.status(id)
+	if err != nil || r.PGID == 0 {
+		c.t.Fatalf("run %s: no recorded pgid (%v)", id, err)
+	}
+	waitGroupEmpty(c.t, r.PGID)
+}
+
+// settle runs `agent-wrap settle` on the test's ledger.
+func (c *ctlHarness) settle(args ...string) (int, string) {
+	c.t.Helper()
+	cmd := exec.Command(bin, append([]string{"settle", "--ledger", c.ledger}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return exitCode(err), out.String()
+}
+
+// execBin runs the agent-wrap binary and returns its combined output.
+func execBin(args ...string) (string, error) {
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// childrenOf lists the live children of pid.
+func childrenOf(pid int) []pstat {
+	ents, _ := os.ReadDir("/proc")
+	var out []pstat
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := readStat(p); ok && st.ppid == pid && !st.dead() {
+			out = append(out, st)
+		}
+	}
+	return out
+}

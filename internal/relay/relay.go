@@ -1,0 +1,180 @@
+// Package relay is a TCP relay for tests that a test controls, put between
+// an ssh client and sshd with `-o ProxyCommand=` (see ProxyCommand), so that
+// the test can cut every connection or blackhole the traffic on demand,
+// deterministically and without root.
+//
+// What it guarantees:
+//   - It listens on 127.0.0.1 only and dials only the target given.
+//   - Cut closes every connection open at the call, both sides; later
+//     connections are relayed as usual.
+//   - While Blackhole(true) holds, no byte is forwarded in either direction
+//     and new connections are accepted but not connected to the target:
+//     to both ends the network has gone silent, nothing is closed. Bytes
+//     held meanwhile flow on after Blackhole(false).
+//   - t.Cleanup closes the listener and every connection.
+//
+// The ssh side needs a program that connects its stdin and stdout to the
+// relay: the test binary itself, re-executed (see Connector).
+package relay
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+)
+
+// connectFlag is the argument by which a re-executed test binary knows it
+// is to act as the ProxyCommand.
+const connectFlag = "-relay-connect"
+
+// Connector turns the test binary into the ProxyCommand when it was
+// started as one: it relays stdin and stdout to the address in its
+// arguments and exits. Call it first thing in TestMain; it returns only
+// when the binary was started as a test.
+func Connector() {
+	if len(os.Args) != 3 || os.Args[1] != connectFlag {
+		return
+	}
+	c, err := net.Dial("tcp", os.Args[2])
+	if err != nil {
+		os.Stderr.WriteString("relay connector: " + err.Error() + "\n")
+		os.Exit(255)
+	}
+	go func() {
+		io.Copy(c, os.Stdin)
+		c.(*net.TCPConn).CloseWrite()
+	}()
+	io.Copy(os.Stdout, c)
+	os.Exit(0)
+}
+
+// Relay forwards connections to a target.
+type Relay struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	cond  *sync.Cond
+	holes bool // blackholed
+	conns map[net.Conn]struct{}
+}
+
+// Start listens on 127.0.0.1 and relays each connection to target.
+func Start(t testing.TB, target string) *Relay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("relay: %v", err)
+	}
+	r := &Relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	r.cond = sync.NewCond(&r.mu)
+	go r.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		r.Blackhole(false)
+		r.Cut()
+	})
+	return r
+}
+
+// Addr is the relay's address, host:port.
+func (r *Relay) Addr() string { return r.ln.Addr().String() }
+
+// ProxyCommand returns the ssh option value that connects through the
+// relay: the test binary re-executed as Connector.
+func (r *Relay) ProxyCommand() string {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	return exe + " " + connectFlag + " " + r.Addr()
+}
+
+// Cut closes every connection open now.
+func (r *Relay) Cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.conns {
+		c.Close()
+		delete(r.conns, c)
+	}
+}
+
+// Blackhole stops (on) or resumes (off) all forwarding.
+func (r *Relay) Blackhole(on bool) {
+	r.mu.Lock()
+	r.holes = on
+	r.mu.Unlock()
+	r.cond.Broadcast()
+}
+
+// gate waits while the relay is blackholed.
+func (r *Relay) gate() {
+	r.mu.Lock()
+	for r.holes {
+		r.cond.Wait()
+	}
+	r.mu.Unlock()
+}
+
+func (r *Relay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns == nil {
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *Relay) serve() {
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		r.track(c)
+		go func() {
+			r.gate()
+			u, err := net.Dial("tcp", r.target)
+			if err != nil {
+				c.Close()
+				return
+			}
+			r.track(u)
+			// A connection cut while this one was being dialled.
+			r.mu.Lock()
+			_, live := r.conns[c]
+			r.mu.Unlock()
+			if !live {
+				c.Close()
+				u.Close()
+				return
+			}
+			go r.pipe(u, c)
+			r.pipe(c, u)
+		}()
+	}
+}
+
+// pipe copies from src to dst through the gate until either side ends,
+// then closes both.
+func (r *Relay) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			r.gate()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
