@@ -57,6 +57,7 @@ demo: build
 # BENCHMARKS.md (about 5 minutes; BENCH_QUICK=1 for a 1-minute pass).
 bench: build
 	$(GO) build -o bin/awbench ./bench/cmd/awbench
+	$(GO) build -trimpath -o bin/awfloor ./bench/cmd/awfloor
 	bin/awbench -bin $(BIN) -out BENCHMARKS.md -command '$(if $(BENCH_QUICK),BENCH_QUICK=1 )make bench'
 
 clean:

@@ -20,7 +20,7 @@ import (
 
 // Fixture writes synthetic run directories that every reader of a run root
 // accepts: status.json through statusfile.Marshal, pid, pgid,
-// deadline_epoch, empty logs and lock, and a hash-chained events.jsonl
+// deadline_epoch, empty logs, and a hash-chained events.jsonl
 // made by journal.Append. Nothing is fsynced: the fixture is data to be
 // scanned, not a record to survive a crash, and 50,000 fsyncs would take
 // minutes here.
@@ -180,7 +180,6 @@ func (fx *Fixture) writeRun(id string, live bool, now time.Time, events []byte) 
 		{rundir.EventsFile, events},
 		{rundir.StdoutFile, nil},
 		{rundir.StderrFile, nil},
-		{rundir.LockFile, nil},
 		{rundir.PIDFile, pidLine},
 		{rundir.PGIDFile, pidLine},
 		{rundir.DeadlineFile, lease.FormatDeadline(deadline)},

@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,8 +36,26 @@ const Parent = "agent-wrap"
 // is available.
 var errUnavailable = errors.New("no writable cgroup v2 subtree")
 
-// Mount returns the cgroup2 mount point from /proc/self/mountinfo.
+// mounted is the cgroup2 mount point once Mount has found one: where a
+// host mounts cgroup2 does not change under a running process, and a
+// command that asks several times (authorize: the caller's cgroup, then the
+// run's) reads the mount table once.
+var mounted atomic.Pointer[string]
+
+// Mount returns the cgroup2 mount point from /proc/self/mountinfo (read
+// once per process, once it has one).
 func Mount() (string, error) {
+	if m := mounted.Load(); m != nil {
+		return *m, nil
+	}
+	m, err := readMount()
+	if err == nil {
+		mounted.Store(&m)
+	}
+	return m, err
+}
+
+func readMount() (string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return "", err

@@ -6,7 +6,8 @@
 //
 // Appends from several processes (wrapper, cancel, watchdog) are serialised
 // with flock on the journal file itself; each append reads the current last
-// line under that lock, so seq and prev are always right. An append with
+// line under that lock (a Writer that made the last line itself knows it),
+// so seq and prev are always right. An append with
 // sync set is fsynced before Append returns: that is how an intent is on disk
 // before the first signal is sent. The journal never holds environment
 // values, tokens or command output: callers pass only the fields named in

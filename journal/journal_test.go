@@ -121,3 +121,76 @@ func TestAppendRefusesTornTail(t *testing.T) {
 		t.Fatalf("Append after a torn line: %v", err)
 	}
 }
+
+// A Writer keeps its descriptor and its own last line; lines appended
+// meanwhile by others (other Writers, one-line Appends: other processes)
+// are read back under the lock, so the chain holds whatever the mix.
+func TestWriterInterleavedWithOthers(t *testing.T) {
+	d := newDir(t)
+	w, err := Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	other, err := Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 40; i++ {
+				var err error
+				switch (g + i) % 3 {
+				case 0:
+					_, err = w.Append("wrapper", Fields{"g": g, "i": i}, false)
+				case 1:
+					_, err = other.Append("other", Fields{"g": g, "i": i}, false)
+				default:
+					_, err = Append(d, "once", Fields{"g": g, "i": i}, false)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Twice in a row from the same Writer: the second chains to the first
+	// without reading it back.
+	if seq, err := w.Append("last-1", nil, true); err != nil || seq != 161 {
+		t.Fatalf("Append: seq %d, %v; want 161", seq, err)
+	}
+	if seq, err := w.Append("last-2", nil, false); err != nil || seq != 162 {
+		t.Fatalf("Append: seq %d, %v; want 162", seq, err)
+	}
+	f, _ := os.Open(filepath.Join(d.Path, rundir.EventsFile))
+	defer f.Close()
+	if n, err := Verify(f); err != nil || n != 162 {
+		t.Fatalf("Verify: %d lines, %v; want 162, intact", n, err)
+	}
+}
+
+// A Writer whose last line was followed by a torn one (another process
+// died mid-write) refuses to chain to it, like a one-line Append.
+func TestWriterRefusesTornTailAfterItsOwnLine(t *testing.T) {
+	d := newDir(t)
+	w, err := Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Append("a", nil, false); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := os.OpenFile(filepath.Join(d.Path, rundir.EventsFile), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"seq":2,"at`)
+	f.Close()
+	if _, err := w.Append("b", nil, false); err == nil || !strings.Contains(err.Error(), "torn") {
+		t.Fatalf("Append after a torn line: %v", err)
+	}
+}

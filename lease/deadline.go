@@ -73,10 +73,12 @@ func ReadDeadline(d *rundir.Dir) (int64, error) {
 	return ParseDeadline(b)
 }
 
-// WriteDeadline replaces a run's deadline atomically (never empty or torn),
-// without syncing the directory: a deadline matters only while the run
-// can be live, that is within this boot, and the page cache keeps it for
-// every process of this boot (see statusfile.Write).
+// WriteDeadline replaces a run's deadline atomically (never empty or torn
+// for any process of this boot), and fsyncs nothing: a deadline matters
+// only while the run can be live, that is within this boot, and the page
+// cache keeps it for every process of this boot. After a crash of the
+// machine the new boot_id makes the run unknown whatever the file holds, and
+// no one signals anything on its word (see statusfile.Write).
 func WriteDeadline(d *rundir.Dir, epoch int64) error {
-	return d.WriteAtomic(rundir.DeadlineFile, FormatDeadline(epoch), false)
+	return d.WriteAtomic(rundir.DeadlineFile, FormatDeadline(epoch), rundir.Visible)
 }

@@ -1,14 +1,16 @@
 // Package rundir holds the run root and the run directories below it: run-ID
 // validation, the safety checks on the root, the mkdir claim on an ID, files
-// opened without following symlinks, atomic replacement and the per-run lock.
+// opened without following symlinks, atomic replacement and the per-run lock
+// (a flock on the run directory itself).
 //
 // Guarantees: a run ID that fails ValidID never reaches the file system; a
 // root that is a symlink, not owned by the effective user or writable by group
 // or others is refused with ErrUnsafe before anything is created below it;
 // every file below a run directory is opened relative to the directory's file
 // descriptor with O_NOFOLLOW, so a symlink planted in place of a file is an
-// error, never followed. Not guaranteed: that a directory is not renamed away
-// between two calls (the path is still used for renameio's temp files).
+// error, never followed; temp files and renames are relative to it too. Not
+// guaranteed: that a directory is not renamed away between two calls (its
+// path is kept for messages and for RemoveAll).
 package rundir
 
 import (

@@ -4,13 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/google/renameio/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -123,6 +125,7 @@ func (r *Root) Open(id string) (*Dir, error) {
 	// The run directory is judged whole: one of its files that is a
 	// symlink, someone else's or writable by others means it was tampered
 	// with, and no command reads, writes or signals anything on its word.
+	legacyLock := false
 	for _, name := range runFiles {
 		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			continue // absent (or vanished): each open checks again
@@ -131,8 +134,9 @@ func (r *Root) Open(id string) (*Dir, error) {
 			unix.Close(fd)
 			return nil, fmt.Errorf("run directory %s: %s %s: %w", path, name, bad, ErrUnsafe)
 		}
+		legacyLock = legacyLock || name == LockFile
 	}
-	return &Dir{ID: id, Path: path, fd: fd}, nil
+	return &Dir{ID: id, Path: path, fd: fd, legacyLock: legacyLock}, nil
 }
 
 // runFiles are the files of a run directory that Open checks.
@@ -182,6 +186,14 @@ type Dir struct {
 	ID   string
 	Path string
 	fd   int
+
+	// The run's lock within this process: a flock is held by an open file
+	// description, which all users of this Dir share.
+	rw           sync.RWMutex
+	readersMu    sync.Mutex
+	readers      int    // shared holders; the first takes the flock, the last drops it
+	sharedUnlock func() // drops the shared flock
+	legacyLock   bool   // the run has a `lock` file (made by an older agent-wrap)
 }
 
 // Close releases the directory's descriptor.
@@ -230,34 +242,87 @@ func (d *Dir) Exists(name string) bool {
 	return unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
 }
 
-// WriteAtomic replaces name with data: a renameio pending file in the run
-// directory itself, fsynced, renamed over name. A reader sees the old content
-// or the new, never a mix or an empty file. With durable set the directory is
-// fsynced too, so the rename survives a power loss.
-func (d *Dir) WriteAtomic(name string, data []byte, durable bool) error {
+// Durability says what a replacement of a file survives.
+type Durability int
+
+const (
+	// Visible: atomic for every process of this boot (a reader sees the old
+	// content or the new, never a mix or an empty file), and nothing is
+	// fsynced: after a crash of the machine the file may hold the old
+	// content, or be empty.
+	Visible Durability = iota
+	// Synced: as Visible, and the new content is fsynced before the
+	// rename, so the file is never empty or torn, even after a power loss;
+	// the rename itself may be lost with it.
+	Synced
+	// Durable: as Synced, and the directory is fsynced after the rename,
+	// so the replacement itself survives a power loss.
+	Durable
+)
+
+// WriteAtomic replaces name with data: a temp file in the run directory
+// (".NAME.RANDOM", created relative to the directory's descriptor, mode
+// 0600), renamed over name, with the fsyncs that how asks for. A reader
+// sees the old content or the new, never a mix or an empty file. On an
+// error the temp file is removed and name is untouched.
+func (d *Dir) WriteAtomic(name string, data []byte, how Durability) error {
+	path := filepath.Join(d.Path, name)
 	// The target may not be a symlink or someone else's file; rename would
 	// replace a symlink rather than follow it, but a planted file is a sign
 	// of tampering worth refusing.
 	var st unix.Stat_t
 	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 		if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {
-			return &os.PathError{Op: "replace", Path: filepath.Join(d.Path, name), Err: fmt.Errorf("existing file is not a regular file of yours: %w", ErrUnsafe)}
+			return &os.PathError{Op: "replace", Path: path, Err: fmt.Errorf("existing file is not a regular file of yours: %w", ErrUnsafe)}
 		}
 	}
-	path := filepath.Join(d.Path, name)
-	t, err := renameio.NewPendingFile(path, renameio.WithTempDir(d.Path), renameio.WithStaticPermissions(0o600))
+	var fd int
+	var tmp string
+	for try := 0; ; try++ {
+		tmp = "." + name + "." + strconv.FormatUint(uint64(rand.Uint32()), 36)
+		var err error
+		fd, err = unix.Openat(d.fd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err == nil {
+			break
+		}
+		if err != unix.EEXIST || try == 9 {
+			return &os.PathError{Op: "create", Path: filepath.Join(d.Path, tmp), Err: err}
+		}
+	}
+	err := writeAll(fd, data)
+	if err == nil && how >= Synced {
+		if err = unix.Fsync(fd); err != nil {
+			err = os.NewSyscallError("fsync", err)
+		}
+	}
+	if cerr := unix.Close(fd); err == nil && cerr != nil {
+		err = os.NewSyscallError("close", cerr)
+	}
+	if err == nil {
+		if err = unix.Renameat(d.fd, tmp, d.fd, name); err != nil {
+			err = os.NewSyscallError("rename", err)
+		}
+	}
 	if err != nil {
-		return err
+		_ = unix.Unlinkat(d.fd, tmp, 0)
+		return &os.PathError{Op: "replace", Path: path, Err: err}
 	}
-	defer t.Cleanup()
-	if _, err := t.Write(data); err != nil {
-		return err
-	}
-	if err := t.CloseAtomicallyReplace(); err != nil {
-		return err
-	}
-	if durable {
+	if how >= Durable {
 		return d.Sync()
+	}
+	return nil
+}
+
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return os.NewSyscallError("write", err)
+		}
+		b = b[n:]
 	}
 	return nil
 }
@@ -294,53 +359,113 @@ func (d *Dir) Sync() error {
 	return nil
 }
 
-// Lock takes the run's exclusive lock (flock on the lock file), which
-// serialises state transitions between wrapper, renew, cancel and watchdog.
-// It blocks until the lock is free. unlock releases it.
+// Lock takes the run's exclusive lock, which serialises state transitions
+// between wrapper, renew, cancel, watchdog and gc. It blocks until the lock
+// is free; unlock releases it. The lock is a flock on the run directory
+// itself (no file to create, no open: the directory's descriptor is
+// already held), and, for a run made by an agent-wrap that locked a `lock`
+// file instead, on that file as well (always after the directory), so an
+// older wrapper still supervising such a run and a newer command serialise
+// with each other. Goroutines of one process that lock the same Dir wait
+// for each other too.
 func (d *Dir) Lock() (unlock func(), err error) {
-	f, err := d.OpenFile(LockFile, unix.O_RDWR|unix.O_CREAT, 0o600)
+	d.rw.Lock()
+	u, err := d.flock(unix.LOCK_EX)
 	if err != nil {
+		d.rw.Unlock()
 		return nil, err
 	}
+	return func() { u(); d.rw.Unlock() }, nil
+}
+
+// tryLockShared takes the run's lock shared, without waiting: ErrLocked
+// when someone holds it exclusively. Shared holders in this process share
+// one flock, taken by the first and released by the last.
+func (d *Dir) tryLockShared() (unlock func(), err error) {
+	if !d.rw.TryRLock() {
+		return nil, fmt.Errorf("run %s: %w", d.ID, ErrLocked)
+	}
+	d.readersMu.Lock()
+	defer d.readersMu.Unlock()
+	if d.readers == 0 {
+		u, err := d.flock(unix.LOCK_SH | unix.LOCK_NB)
+		if err != nil {
+			d.rw.RUnlock()
+			return nil, err
+		}
+		d.sharedUnlock = u
+	}
+	d.readers++
+	return func() {
+		d.readersMu.Lock()
+		if d.readers--; d.readers == 0 {
+			d.sharedUnlock()
+			d.sharedUnlock = nil
+		}
+		d.readersMu.Unlock()
+		d.rw.RUnlock()
+	}, nil
+}
+
+// flock locks the directory and, where there is one, the legacy lock file.
+func (d *Dir) flock(how int) (unlock func(), err error) {
+	if err := flockRetry(d.fd, how); err != nil {
+		return nil, d.lockErr(d.Path, err)
+	}
+	dirUnlock := func() { _ = unix.Flock(d.fd, unix.LOCK_UN) }
+	if !d.legacyLock {
+		return dirUnlock, nil
+	}
+	f, err := d.OpenFile(LockFile, unix.O_RDWR, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return dirUnlock, nil
+		}
+		dirUnlock()
+		return nil, err
+	}
+	if err := flockRetry(int(f.Fd()), how); err != nil {
+		f.Close()
+		dirUnlock()
+		return nil, d.lockErr(f.Name(), err)
+	}
+	return func() { f.Close(); dirUnlock() }, nil
+}
+
+func (d *Dir) lockErr(path string, err error) error {
+	if err == unix.EWOULDBLOCK {
+		return fmt.Errorf("run %s: %w", d.ID, ErrLocked)
+	}
+	return &os.PathError{Op: "flock", Path: path, Err: err}
+}
+
+func flockRetry(fd, how int) error {
 	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		err := unix.Flock(fd, how)
 		if err != unix.EINTR {
-			break
+			return err
 		}
 	}
-	if err != nil {
-		f.Close()
-		return nil, &os.PathError{Op: "flock", Path: f.Name(), Err: err}
-	}
-	return func() { f.Close() }, nil
 }
 
 // RLock takes the run's lock shared, for a reader that must not see a
 // state transition half done, waiting at most wait (polling, since a
-// reader never queues behind writers). It never creates the lock file and
-// opens it read-only: a missing lock file means no one ever locked the run,
-// and unlock is a no-op. busy is true when someone held the lock
-// exclusively all that time; the caller then reads without it, and says
-// so. Any other failure to lock is not reported: the caller reads as if the
-// run had no lock file.
+// reader never queues behind writers). busy is true when someone held the
+// lock exclusively all that time; the caller then reads without it, and
+// says so. Any other failure to lock is not reported: the caller reads as
+// if the run were not locked.
 func (d *Dir) RLock(wait time.Duration) (unlock func(), busy bool) {
-	f, err := d.OpenFile(LockFile, unix.O_RDONLY, 0)
-	if err != nil {
-		return func() {}, false
-	}
 	deadline := time.Now().Add(wait)
 	pause := time.Millisecond
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		unlock, err := d.tryLockShared()
 		if err == nil {
-			return func() { f.Close() }, false
+			return unlock, false
 		}
-		if err != unix.EWOULDBLOCK && err != unix.EINTR {
-			f.Close()
+		if !errors.Is(err, ErrLocked) {
 			return func() {}, false
 		}
 		if time.Now().After(deadline) {
-			f.Close()
 			return func() {}, true
 		}
 		time.Sleep(pause)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -108,7 +109,7 @@ func TestFilesNotFollowed(t *testing.T) {
 	if _, err := d.ReadFile("status.json"); !errors.Is(err, ErrUnsafe) {
 		t.Errorf("ReadFile through a symlink: %v", err)
 	}
-	if err := d.WriteAtomic("status.json", []byte("x"), true); !errors.Is(err, ErrUnsafe) {
+	if err := d.WriteAtomic("status.json", []byte("x"), Durable); !errors.Is(err, ErrUnsafe) {
 		t.Errorf("WriteAtomic over a symlink: %v", err)
 	}
 	if b, _ := os.ReadFile(outside); string(b) != "precious" {
@@ -131,7 +132,7 @@ func TestWriteAtomic(t *testing.T) {
 	d, _ := r.Create("job")
 	defer d.Close()
 	for _, v := range []string{"one", "two"} {
-		if err := d.WriteAtomic("status.json", []byte(v), true); err != nil {
+		if err := d.WriteAtomic("status.json", []byte(v), Durable); err != nil {
 			t.Fatal(err)
 		}
 		b, err := d.ReadFile("status.json")
@@ -176,5 +177,144 @@ func TestTryLock(t *testing.T) {
 	ids, _ := r.List()
 	if len(ids) != 0 {
 		t.Errorf("lock file listed as a run: %v", ids)
+	}
+}
+
+// The run's lock is a flock on the run directory: no file is created for
+// it, and two opens of the run (two processes, in effect) exclude each
+// other, as do two goroutines sharing one Dir.
+func TestLockIsTheDirectory(t *testing.T) {
+	r := newRoot(t)
+	d, err := r.Create("job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	other, err := r.Open("job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	unlock, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Exists(LockFile) {
+		t.Error("Lock created a lock file")
+	}
+	// Held exclusively: another open of the run cannot share it, and the
+	// same Dir's other users wait too.
+	if _, err := other.tryLockShared(); !errors.Is(err, ErrLocked) {
+		t.Fatalf("tryLockShared while locked: %v, want ErrLocked", err)
+	}
+	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
+		t.Fatalf("tryLockShared on the same Dir while locked: %v, want ErrLocked", err)
+	}
+	got := make(chan struct{})
+	go func() {
+		u, err := other.Lock()
+		if err != nil {
+			t.Error(err)
+		} else {
+			u()
+		}
+		close(got)
+	}()
+	select {
+	case <-got:
+		t.Fatal("a second Lock got the lock while the first held it")
+	case <-time.After(100 * time.Millisecond):
+	}
+	unlock()
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second Lock did not get the lock after unlock")
+	}
+	// Shared holds coexist.
+	u1, err := d.tryLockShared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	u2, err := other.tryLockShared()
+	if err != nil {
+		t.Fatalf("two shared holds: %v", err)
+	}
+	u1()
+	u2()
+}
+
+// A run made by an agent-wrap that locked a `lock` file: Lock takes that
+// file too, so an older wrapper holding it (here: a flock through a
+// descriptor of our own) keeps a newer command waiting.
+func TestLockTakesALegacyLockFile(t *testing.T) {
+	r := newRoot(t)
+	d, err := r.Create("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	fd, err := unix.Open(filepath.Join(r.Path, "old", LockFile), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	d, err = r.Open("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
+		t.Fatalf("tryLockShared while the old wrapper holds the lock file: %v, want ErrLocked", err)
+	}
+	got := make(chan struct{})
+	go func() {
+		if u, err := d.Lock(); err != nil {
+			t.Error(err)
+		} else {
+			u()
+		}
+		close(got)
+	}()
+	select {
+	case <-got:
+		t.Fatal("Lock did not wait for the holder of the lock file")
+	case <-time.After(100 * time.Millisecond):
+	}
+	unix.Flock(fd, unix.LOCK_UN)
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lock did not get the lock after the lock file was released")
+	}
+}
+
+// Visible fsyncs nothing and is still atomic; a failed replacement leaves
+// no temp file and the old content.
+func TestWriteAtomicVisibleAndFailure(t *testing.T) {
+	r := newRoot(t)
+	d, _ := r.Create("job")
+	defer d.Close()
+	if err := d.WriteAtomic("deadline_epoch", []byte("5\n"), Visible); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := d.ReadFile("deadline_epoch"); string(b) != "5\n" {
+		t.Fatalf("read %q", b)
+	}
+	// A directory in the way is refused.
+	if err := os.Mkdir(filepath.Join(d.Path, "status.json"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteAtomic("status.json", []byte("x"), Synced); err == nil {
+		t.Fatal("WriteAtomic over a directory succeeded")
+	}
+	ents, _ := os.ReadDir(d.Path)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("temp file left behind: %s", e.Name())
+		}
 	}
 }

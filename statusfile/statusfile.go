@@ -1,8 +1,8 @@
 // Package statusfile is a run's record, status.json: its schema, the states
 // and causes, and its atomic replacement.
 //
-// Guarantees: Write replaces the file atomically (a renameio pending file in
-// the run directory, fsynced, renamed), so a reader sees the previous record
+// Guarantees: Write replaces the file atomically (a temp file in the run
+// directory, fsynced, renamed), so a reader sees the previous record
 // or the new one, never a torn one; with durable set the directory is fsynced
 // as well, so the record survives a crash of the host. Parse rejects anything
 // that is not a complete schema-1 record, so a half-written or foreign file
@@ -230,5 +230,9 @@ func Write(d *rundir.Dir, r *Record, durable bool) error {
 	if err != nil {
 		return err
 	}
-	return d.WriteAtomic(rundir.StatusFile, b, durable)
+	how := rundir.Synced
+	if durable {
+		how = rundir.Durable
+	}
+	return d.WriteAtomic(rundir.StatusFile, b, how)
 }

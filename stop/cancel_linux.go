@@ -57,27 +57,56 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		return &Report{Record: rec, Already: true}, nil
 	}
 	if membership.WrapperAlive(rec) {
-		w := d.Watch()
-		defer w.Close()
+		// Pin the wrapper: it exits a moment after its final record, so
+		// its pidfd is what to wait on. (A file watch would do too, but
+		// closing an inotify descriptor costs this short-lived command an
+		// RCU grace period, 5-25 ms; it is the fallback without pidfds.)
+		wid := proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}
+		wr, perr := pin(wid)
+		var w *rundir.Watcher
+		if perr != nil {
+			w = d.Watch()
+			defer w.Close()
+		} else {
+			defer wr.close()
+		}
 		if err := requestCancel(d, o.PID); err != nil {
 			if !errors.Is(err, errNotRecorded) {
 				return nil, fmt.Errorf("run %s: %w", d.ID, err)
 			}
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
 		}
-		err := Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGTERM)
+		err := Signal(wid, unix.SIGTERM)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot signal the wrapper %d: %v\n", d.ID, rec.WrapperPID, err)
 		}
+		// The record is read again after each wait: every millisecond
+		// for the first 100 ms (a stop takes a few; the final record is
+		// written about a millisecond before the wrapper exits), then
+		// doubling to 100 ms, for a wrapper in a long grace or one that
+		// lives on after its final record to drain its output to a slow
+		// reader.
+		pause, fast := time.Millisecond, time.Now().Add(100*time.Millisecond)
 		for time.Now().Before(until) {
 			cur, err := statusfile.Read(d)
 			if err == nil && statusfile.Terminal(cur.State) {
 				return &Report{Record: cur}, nil
 			}
-			if err == nil && !membership.WrapperAlive(cur) {
+			if err == nil && !wrapperAlive(wr, cur) {
+				// The final record may have landed since the read.
+				if cur, err := statusfile.Read(d); err == nil && statusfile.Terminal(cur.State) {
+					return &Report{Record: cur}, nil
+				}
 				break // the wrapper died mid-stop: finish the job ourselves
 			}
-			w.Wait(100 * time.Millisecond)
+			if wr != nil {
+				wr.wait(min(pause, time.Until(until)))
+				if time.Now().After(fast) {
+					pause = min(2*pause, 100*time.Millisecond)
+				}
+			} else {
+				w.Wait(100 * time.Millisecond)
+			}
 		}
 		if !time.Now().Before(until) {
 			return nil, fmt.Errorf("run %s: %w within %v: the wrapper (pid %d) has not written a final record", d.ID, ErrNotConfirmed, o.Wait, rec.WrapperPID)
@@ -88,6 +117,15 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		g = time.Duration(rec.GraceSeconds * float64(time.Second))
 	}
 	return Outside(d, Options{Grace: g, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel", Diag: o.Diag, Fields: journal.Fields{"pid": o.PID}})
+}
+
+// wrapperAlive: the pinned wrapper has not exited, or, without a pin, the
+// record's wrapper is alive.
+func wrapperAlive(wr *pinned, rec *statusfile.Record) bool {
+	if wr != nil {
+		return !wr.wait(0)
+	}
+	return membership.WrapperAlive(rec)
 }
 
 // requestCancel records the cancel under the run's lock, unless the run is

@@ -104,7 +104,9 @@ func check(root *rundir.Root, id string, o Options) *Action {
 		// The wrapper died while starting the job, before it wrote the
 		// deadline, which it would have set no later than created_at +
 		// lease (+ ActAfter for a slow start). Nobody can renew a run that
-		// is not running, so that deadline is final.
+		// is not running, so that deadline is final. (The deadline is
+		// written with the first record now; a run of an older version,
+		// or one whose deadline could not be written, has none.)
 		created, err := time.Parse(time.RFC3339Nano, rec.CreatedAt)
 		if err != nil {
 			return &Action{RunID: id, Action: "skipped", State: rec.State, Reason: "the wrapper died while starting the run, and its created_at does not parse: " + err.Error()}

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -22,13 +24,14 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 		s.warn("cannot lock the run: %v (writing the final record anyway)", err)
 	} else {
 		defer unlock()
-		if disk, err := statusfile.Read(s.d); err == nil {
-			if statusfile.Terminal(disk.State) {
-				return &Result{Record: disk, Code: disk.Code()}
-			}
-			if disk.State == statusfile.Cancelling && cause == "" {
-				cause = disk.Cause
-			}
+	}
+	disk := s.readRecord()
+	if disk != nil {
+		if statusfile.Terminal(disk.State) {
+			return &Result{Record: disk, Code: disk.Code()}
+		}
+		if disk.State == statusfile.Cancelling && cause == "" {
+			cause = disk.Cause
 		}
 	}
 	r := &s.rec
@@ -44,7 +47,7 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 		r.State = statusfile.Finished
 		r.SetExit(s.leaderCode)
 	}
-	s.writeRecordLocked(true)
+	s.replaceRecord(disk, true)
 	f := journal.Fields{"state": r.State, "exit_code": r.Code(), "survivors": survivors}
 	if r.Cause != "" {
 		f["cause"] = r.Cause
@@ -73,7 +76,23 @@ func (s *supervisor) writeRecord(durable bool) {
 // cancel recorded by another process (state cancelling) is kept, and a
 // terminal record is never replaced.
 func (s *supervisor) writeRecordLocked(durable bool) {
-	if disk, err := statusfile.Read(s.d); err == nil {
+	s.replaceRecord(s.readRecord(), durable)
+}
+
+// readRecord reads status.json as it is on disk; nil if it cannot be read.
+func (s *supervisor) readRecord() *statusfile.Record {
+	disk, err := statusfile.Read(s.d)
+	if err != nil {
+		return nil
+	}
+	return disk
+}
+
+// replaceRecord is writeRecordLocked for a caller that has just read the
+// record on disk (nil: unreadable) under the lock it still holds, so the
+// record is not read twice.
+func (s *supervisor) replaceRecord(disk *statusfile.Record, durable bool) {
+	if disk != nil {
 		if statusfile.Terminal(disk.State) {
 			return
 		}
@@ -94,11 +113,53 @@ func (s *supervisor) journal(event string, f journal.Fields, sync bool) {
 	}
 }
 
-// appendJournal is the wrapper's one way to the journal.
+func (s *supervisor) closeJournal() {
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	if s.jw != nil {
+		s.jw.Close()
+		s.jw = nil
+	}
+}
+
+// writeFirstRecords writes the deadline (when the run has a lease) and the
+// `starting` record, under the run's lock. The run directory is new and
+// ours, so nothing is read first, and the deadline is a plain new file (no
+// temp file, no rename, no fsync): it is complete before the record that
+// makes the run visible to the watchdog, status and list exists, and
+// reconcile reads both under the lock. Like every non-terminal record,
+// neither needs to survive a crash of the machine (see statusfile.Write).
+func (s *supervisor) writeFirstRecords(deadline int64) {
+	unlock, err := s.d.Lock()
+	if err != nil {
+		s.warn("cannot lock the run: %v", err)
+	} else {
+		defer unlock()
+	}
+	if deadline > 0 {
+		if err := s.d.WriteOnce(rundir.DeadlineFile, lease.FormatDeadline(deadline)); err != nil {
+			s.warn("cannot write deadline_epoch: %v (the wrapper still enforces the lease)", err)
+		}
+	}
+	if err := statusfile.Write(s.d, &s.rec, false); err != nil {
+		s.warn("cannot write status.json (state %s): %v", s.rec.State, err)
+	}
+}
+
+// appendJournal is the wrapper's one way to the journal: through the run's
+// events.jsonl, opened at the first event and kept open until the run ends
+// (closeJournal).
 func (s *supervisor) appendJournal(event string, f journal.Fields, sync bool) error {
 	s.journalMu.Lock()
 	defer s.journalMu.Unlock()
-	_, err := journal.Append(s.d, event, f, sync)
+	if s.jw == nil {
+		w, err := journal.Open(s.d)
+		if err != nil {
+			return err
+		}
+		s.jw = w
+	}
+	_, err := s.jw.Append(event, f, sync)
 	return err
 }
 

@@ -50,6 +50,7 @@ type supervisor struct {
 	cg      *cgroup.Group              // created before the first record, until the fork
 
 	journalMu sync.Mutex
+	jw        *journal.Writer // the run's journal, kept open; nil until the first event
 
 	// view is a copy of the record for contains, which other goroutines
 	// call: set when the job has started and at each recorded escape.
@@ -109,7 +110,9 @@ func Run(cfg Config) (*Result, error) {
 	}
 	defer d.Close()
 	s.d = d
-	return s.run(), nil
+	res := s.run()
+	s.closeJournal()
+	return res, nil
 }
 
 func (s *supervisor) run() *Result {
@@ -148,7 +151,13 @@ func (s *supervisor) run() *Result {
 			s.rec.Boundary, s.rec.Cgroup = membership.BoundaryCgroup, cg.Path
 		}
 	}
-	s.writeRecord(false)
+	// The lease runs from the claim: the deadline is written with the
+	// first record, not after the fork as a record of its own.
+	var deadline int64
+	if cfg.Lease > 0 {
+		deadline = lease.DeadlineAfter(time.Now(), cfg.Lease)
+	}
+	s.writeFirstRecords(deadline)
 	s.journal("created", journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart,
 		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}, false)
 
@@ -163,20 +172,13 @@ func (s *supervisor) run() *Result {
 		return s.launchFailed(code, err)
 	}
 
-	// 5. The run is live: pid, pgid, deadline, running.
+	// 5. The run is live: pid, pgid, running.
 	pidLine := []byte(strconv.Itoa(s.leader) + "\n")
 	if err := s.d.WriteOnce(rundir.PIDFile, pidLine); err != nil {
 		s.warn("cannot write pid: %v", err)
 	}
 	if err := s.d.WriteOnce(rundir.PGIDFile, pidLine); err != nil {
 		s.warn("cannot write pgid: %v", err)
-	}
-	var deadline int64
-	if cfg.Lease > 0 {
-		deadline = lease.DeadlineAfter(time.Now(), cfg.Lease)
-		if err := lease.WriteDeadline(s.d, deadline); err != nil {
-			s.warn("cannot write deadline_epoch: %v (the wrapper still enforces the lease)", err)
-		}
 	}
 	s.rec.State = statusfile.Running
 	s.rec.PID, s.rec.PGID, s.rec.SID = s.leader, s.leader, s.leader

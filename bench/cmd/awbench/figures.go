@@ -692,6 +692,7 @@ func (r *runner) watchdog() error {
 			target: "≤ 1.5×", limit: fmt.Sprintf("%.2f", w/b/1.5),
 			pass: passIf(w/b <= 1.5),
 		})
+		r.floorWatchdog(n, w, b)
 		r.detail("watchdog --once at %d runs: %s", n, spread(s[0], bench.Ms))
 		r.detail("read every status.json at %d runs: %s", n, spread(s[1], bench.Ms))
 	}

@@ -6,6 +6,8 @@
 //	awbench -bin bin/agent-wrap -out BENCHMARKS.md [-quick] [-only startup,cancel,...]
 //	awbench readall ROOT    (the watchdog baseline: read every status.json once)
 //
+// The floor figures also run bin/awfloor (bench/cmd/awfloor), built beside it.
+//
 // Every process it starts is stopped through its recorded PID or process
 // group (a pidfd where it can), never by name.
 package main
@@ -26,7 +28,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "output", "memory", "watchdog", "lease", "controller", "authority"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -142,6 +144,8 @@ func (r *runner) figure(name string) error {
 		return r.startup()
 	case "cancel":
 		return r.cancel()
+	case "floor":
+		return r.floor()
 	case "output":
 		return r.output()
 	case "memory":

@@ -149,6 +149,7 @@ func (r *runner) report(command string, started time.Time) string {
 	}
 	b.WriteString("\n## How each figure is measured\n\n")
 	b.WriteString(methods)
+	b.WriteString(floorMethods)
 	b.WriteString("\n## Samples\n\n")
 	for _, d := range r.details {
 		fmt.Fprintf(&b, "- %s\n", d)
@@ -156,6 +157,7 @@ func (r *runner) report(command string, started time.Time) string {
 	if findings != "" {
 		b.WriteString("\n" + findings)
 	}
+	b.WriteString("\n" + floorFindings)
 	return b.String()
 }
 
