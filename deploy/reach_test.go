@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +20,9 @@ import (
 // PATH (sshd's default) lacks ~/.local/bin.
 const testUser = "aw-deploy-test"
 
+// testUserLock serialises the tests that use testUser across processes.
+const testUserLock = "/tmp/agent-wrap-deploy-test.lock"
+
 // deployUser returns a non-root account to deploy to over loopback ssh and
 // its home: the test's own when it is not root, else testUser (made with
 // useradd if missing, its earlier install removed).
@@ -30,6 +34,17 @@ func deployUser(t *testing.T) (name, home string) {
 			t.Fatal(err)
 		}
 		return u.Username, u.HomeDir
+	}
+	// One account serves every run of this test on the machine, so two
+	// `make test`s side by side would remove each other's install: hold a
+	// machine-wide lock for the test's life (released when the file closes).
+	lf, err := os.OpenFile(testUserLock, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lf.Close() })
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatalf("flock %s: %v", testUserLock, err)
 	}
 	if _, err := user.Lookup(testUser); err != nil {
 		out, err := exec.Command("useradd", "--create-home", "--shell", "/bin/bash", testUser).CombinedOutput()

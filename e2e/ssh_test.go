@@ -214,10 +214,16 @@ func TestSSH4BlackholeShorterThanLease(t *testing.T) {
 func TestSSH5BlackholePastLease(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
-	k := c.start("giveup", []string{"--lease", "3s", "--grace", "1s", "--renew-every", "1s", "--give-up", "8s"}, sleepTree...)
+	// A long lease, so that no renewal races the clock on a loaded machine;
+	// once the blackhole has cost the controller a renewal, the lease is
+	// ended on demand on the host (renew --lease 1s, over a connection that
+	// does not go through the relay): the lease passes during the blackhole.
+	k := c.start("giveup", []string{"--lease", "120s", "--grace", "1s", "--renew-every", "1s", "--give-up", "8s"}, sleepTree...)
 	eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	c.waitEvent("giveup", "renewed", 0)
 	c.rl.Blackhole(true)
+	c.waitEvent("giveup", "renew_failed", len(c.ctlEvents("giveup")))
+	c.endLease("giveup")
 	if code := k.wait(t); code != 255 {
 		t.Errorf("exit %d, want 255", code)
 	}
@@ -241,13 +247,17 @@ func TestSSH5BlackholePastLease(t *testing.T) {
 func TestSSH6ControllerKilled(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
-	k := c.start("killed", []string{"--lease", "3s", "--grace", "1s"}, sleepTree...)
+	k := c.start("killed", []string{"--lease", "120s", "--grace", "1s"}, sleepTree...)
 	c.waitRunning("killed")
 	k.signal(t, syscall.SIGKILL)
 	k.wait(t)
 	if r := c.ledgerRec("killed"); r.State == ledger.Settled || r.RunID != "killed" {
 		t.Errorf("ledger after the kill: %+v", r)
 	}
+	// Nobody renews any more; the lease is ended on demand rather than
+	// raced (a 3 s lease could pass before the run was seen running on a
+	// loaded machine).
+	c.endLease("killed")
 	wantFinal(t, c.waitTerminal("killed"), "cancelled", "lease", 124)
 	c.treeGone("killed")
 	if code, out := c.settle("--all"); code != 0 {
