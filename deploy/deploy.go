@@ -3,7 +3,7 @@
 //
 // The unit files and cron lines are embedded in the binary (units/) and
 // rendered with the installed binary's path and the run root the watchdog
-// watches. [NewPlan] computes every file an install writes; [Plan.Apply]
+// watches (see [render] for their two marks). [NewPlan] computes every file an install writes; [Plan.Apply]
 // writes them idempotently: a file whose content and mode already match is
 // left alone and reported "unchanged", anything else is replaced atomically
 // (a temporary file in the same directory renamed over the target, so a
@@ -21,18 +21,13 @@ import (
 	"bytes"
 	"embed"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"strings"
-	"sync"
-	"text/template"
 )
 
 //go:embed units
 var unitFS embed.FS
-
-var templates = sync.OnceValue(func() *template.Template {
-	return template.Must(template.New("").Option("missingkey=error").ParseFS(unitFS, "units/*"))
-})
 
 // Unit file names, as installed.
 const (
@@ -44,7 +39,7 @@ const (
 // CronMarker ends the user crontab line so it can be found and replaced.
 const CronMarker = "# agent-wrap watchdog"
 
-// unitData is what the templates see.
+// unitData is what render fills in.
 type unitData struct {
 	Bin      string // absolute path of the installed binary
 	Root     string // the run root the watchdog watches
@@ -83,10 +78,77 @@ func checkPath(what, p string) error {
 	return nil
 }
 
+// hardeningFile is the block of hardening settings both services share.
+const hardeningFile = "hardening"
+
+// render fills in units/name. The files are plain text with two marks:
+//
+//   - {{Key}} is replaced by a value: Bin, Root, UserName, Log, Marker;
+//     UserFlag (" --user" for user units, else empty); WantedBy
+//     (default.target or multi-user.target); Hardening (units/hardening,
+//     rendered the same way, without its last newline).
+//   - A line that starts with {{system}} is kept, without the mark, in
+//     system units and left out of user units.
+//
+// Any other {{...}} is an error. Values are written as they are, never
+// scanned for marks themselves.
+//
+// Not text/template: it calls reflect's Method lookups, and a binary that
+// links it keeps every exported method of every type it keeps, because
+// the linker cannot tell which a template will call. That cost 1.7 MiB of
+// a 6.3 MiB binary, for five fixed files with a few values and one
+// condition (system or user units).
 func render(name string, d unitData) ([]byte, error) {
-	var b bytes.Buffer
-	if err := templates().ExecuteTemplate(&b, name, d); err != nil {
+	return renderFS(unitFS, name, d)
+}
+
+// renderFS is render over the files units/* of fsys.
+func renderFS(fsys fs.FS, name string, d unitData) ([]byte, error) {
+	vals := map[string]string{
+		"Bin": d.Bin, "Root": d.Root, "UserName": d.UserName, "Log": d.Log, "Marker": d.Marker,
+		"UserFlag": "", "WantedBy": "multi-user.target",
+	}
+	if d.User {
+		vals["UserFlag"], vals["WantedBy"] = " --user", "default.target"
+	}
+	if name != hardeningFile {
+		h, err := renderFS(fsys, hardeningFile, d)
+		if err != nil {
+			return nil, err
+		}
+		vals["Hardening"] = strings.TrimSuffix(string(h), "\n")
+	}
+	src, err := fs.ReadFile(fsys, "units/"+name)
+	if err != nil {
 		return nil, fmt.Errorf("render %s: %w", name, err)
+	}
+	var b bytes.Buffer
+	for line := range strings.SplitAfterSeq(string(src), "\n") {
+		if rest, ok := strings.CutPrefix(line, "{{system}}"); ok {
+			if d.User {
+				continue
+			}
+			line = rest
+		}
+		for {
+			i := strings.Index(line, "{{")
+			if i < 0 {
+				b.WriteString(line)
+				break
+			}
+			j := strings.Index(line[i:], "}}")
+			if j < 0 {
+				return nil, fmt.Errorf("render %s: unclosed {{ in %q", name, line)
+			}
+			key := line[i+2 : i+j]
+			v, ok := vals[key]
+			if !ok {
+				return nil, fmt.Errorf("render %s: unknown mark {{%s}}", name, key)
+			}
+			b.WriteString(line[:i])
+			b.WriteString(v)
+			line = line[i+j+2:]
+		}
 	}
 	return b.Bytes(), nil
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/fstest"
 )
 
 // fakeBinary writes a small executable to stand for the running binary:
@@ -202,6 +203,61 @@ func TestSafePath(t *testing.T) {
 	} {
 		if got := safePath(p); got != want {
 			t.Errorf("safePath(%q) = %v, want %v", p, got, want)
+		}
+	}
+}
+
+// TestRenderMarks: the two marks of units/*, and that anything else in
+// braces, or a value that looks like a mark, is not taken for one.
+func TestRenderMarks(t *testing.T) {
+	fsys := fstest.MapFS{
+		"units/hardening": {Data: []byte("A=1\n{{system}}B=2\n")},
+		"units/unit":      {Data: []byte("# {{UserFlag}} on {{Root}}\n{{system}}After=x\nExecStart={{Bin}}\n{{Hardening}}\nWantedBy={{WantedBy}}\n")},
+		"units/unknown":   {Data: []byte("X={{.Bin}}\n")},
+		"units/unclosed":  {Data: []byte("X={{Bin\n}}\n")},
+	}
+	d := unitData{Bin: "/b/{{Root}}", Root: "/r"}
+	for _, tc := range []struct {
+		user bool
+		want string
+	}{
+		{false, "#  on /r\nAfter=x\nExecStart=/b/{{Root}}\nA=1\nB=2\nWantedBy=multi-user.target\n"},
+		{true, "#  --user on /r\nExecStart=/b/{{Root}}\nA=1\nWantedBy=default.target\n"},
+	} {
+		d.User = tc.user
+		got, err := renderFS(fsys, "unit", d)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("user=%v: got %q, %v; want %q", tc.user, got, err, tc.want)
+		}
+	}
+	for _, name := range []string{"unknown", "unclosed", "missing"} {
+		if got, err := renderFS(fsys, name, d); err == nil {
+			t.Errorf("%s: rendered %q, want an error", name, got)
+		}
+	}
+}
+
+// TestUnitHardening: the system units get the whole hardening block, the
+// user units only the part a user manager can apply.
+func TestUnitHardening(t *testing.T) {
+	for _, user := range []bool{false, true} {
+		for _, name := range []string{ServiceUnit, OnceServiceUnit} {
+			b, err := render(name, unitData{Bin: "/b", Root: "/r", User: user})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for line, inUser := range map[string]bool{
+				"NoNewPrivileges=yes": true, "UMask=0077": true,
+				"ProtectSystem=full": false, "RestrictAddressFamilies=AF_UNIX": false,
+			} {
+				want := !user || inUser
+				if got := strings.Contains(string(b), "\n"+line+"\n"); got != want {
+					t.Errorf("user=%v: %s has %s: %v, want %v", user, name, line, got, want)
+				}
+			}
+			if strings.Contains(string(b), "{{") {
+				t.Errorf("user=%v: %s keeps a mark:\n%s", user, name, b)
+			}
 		}
 	}
 }
