@@ -138,7 +138,7 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		w := cfg.Stderr
 		cfg.Notice = func(s string) { fmt.Fprintf(w, "agent-wrap: %s\n", s) }
 	}
-	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot)
+	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.Ledger, cfg.ID)
 	if err != nil {
 		return nil, err
 	}

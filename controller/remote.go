@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
 // Quote returns words as one POSIX shell line in which each word arrives
@@ -222,13 +224,15 @@ type host struct {
 	tmpdir    string        // where ssh's -E logs go
 }
 
-// newHost checks rsh and prepares the calls' options and log directory.
-// close removes the log directory.
-func newHost(rsh []string, dest, bin, root string) (*host, error) {
+// newHost checks rsh and prepares the calls' options and log directory:
+// a directory in the ledger beside the run's record (sshLogPrefix), so
+// that what a killed controller leaves is found and removed when the run
+// is settled (removeSSHLogs), never left in /tmp. close removes it.
+func newHost(rsh []string, dest, bin, root string, l *ledger.Ledger, id string) (*host, error) {
 	if len(rsh) == 0 {
 		return nil, errors.New("empty --rsh")
 	}
-	dir, err := os.MkdirTemp("", "agent-wrap-ssh-")
+	dir, err := os.MkdirTemp(l.Path, sshLogPrefix(id))
 	if err != nil {
 		return nil, err
 	}
@@ -249,6 +253,20 @@ func (h *host) noKeepalive() {
 }
 
 func (h *host) close() { os.RemoveAll(h.tmpdir) }
+
+// sshLogPrefix is how the names of run id's ssh log directories in the
+// ledger begin. The leading dot keeps them out of the ledger's listing
+// (which reads RUN_ID.json only); run IDs hold no glob characters.
+func sshLogPrefix(id string) string { return ".ssh-" + id + "-" }
+
+// removeSSHLogs removes every ssh log directory of run id from the ledger:
+// those of a controller that was killed before it could remove its own.
+func removeSSHLogs(l *ledger.Ledger, id string) {
+	dirs, _ := filepath.Glob(filepath.Join(l.Path, sshLogPrefix(id)+"*"))
+	for _, d := range dirs {
+		os.RemoveAll(d)
+	}
+}
 
 // callResult is how one remote call ended.
 type callResult struct {

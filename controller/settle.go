@@ -48,7 +48,7 @@ func Settle(ctx context.Context, l *ledger.Ledger, id string) (*ledger.Record, i
 	if controllerAlive(rec) {
 		return rec, SettleRunning, fmt.Errorf("its controller (pid %d) is still driving it", rec.ControllerPID)
 	}
-	h, err := newHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot)
+	h, err := newHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, l, id)
 	if err != nil {
 		return rec, SettleUnreachable, err
 	}
@@ -83,6 +83,9 @@ func Settle(ctx context.Context, l *ledger.Ledger, id string) (*ledger.Record, i
 	if err := l.Update(rec); err != nil {
 		return rec, SettleUnreachable, err
 	}
+	// The controller is gone (checked above): what it left of ssh's logs
+	// is of no further use.
+	removeSSHLogs(l, id)
 	if outcome == ledger.Unknown {
 		return rec, SettleUnknown, nil
 	}

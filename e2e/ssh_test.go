@@ -254,6 +254,11 @@ func TestSSH6ControllerKilled(t *testing.T) {
 	if r := c.ledgerRec("killed"); r.State == ledger.Settled || r.RunID != "killed" {
 		t.Errorf("ledger after the kill: %+v", r)
 	}
+	// The killed controller could not remove its ssh log directory; it is
+	// in the ledger beside the record (not in /tmp), for settle to remove.
+	if left, _ := filepath.Glob(filepath.Join(c.ledger, ".ssh-killed-*")); len(left) != 1 {
+		t.Errorf("ssh log directories of the killed controller in the ledger: %v, want one", left)
+	}
 	// Nobody renews any more; the lease is ended on demand rather than
 	// raced (a 3 s lease could pass before the run was seen running on a
 	// loaded machine).
@@ -264,6 +269,9 @@ func TestSSH6ControllerKilled(t *testing.T) {
 		t.Errorf("settle --all: exit %d: %s", code, out)
 	}
 	c.wantSettled("killed", "cancelled", "lease", 124)
+	if left, _ := filepath.Glob(filepath.Join(c.ledger, ".ssh-*")); len(left) != 0 {
+		t.Errorf("ssh log directories left in the ledger after settle: %v", left)
+	}
 }
 
 // 7 (and failure path 5). Two controllers on one account; SIGINT to one;
