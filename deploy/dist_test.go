@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -55,7 +56,11 @@ func distDir(t *testing.T) string {
 		if dist.err != nil {
 			return
 		}
-		cmd := exec.Command("make", "-C", "..", "dist", "DISTDIR="+dist.dir)
+		// A version of this test process's own, so that its binaries differ
+		// byte for byte from those of another `make test` running beside it
+		// (noCopyLeft looks for copies of exactly these bytes in /tmp).
+		cmd := exec.Command("make", "-C", "..", "dist", "DISTDIR="+dist.dir,
+			fmt.Sprintf("VERSION=test-%d-%d", os.Getpid(), time.Now().UnixNano()))
 		dist.out, dist.err = cmd.CombinedOutput()
 	})
 	if dist.err != nil {
