@@ -143,7 +143,7 @@ func requestCancel(d *rundir.Dir, pid int) error {
 	if statusfile.Terminal(rec.State) || rec.State == statusfile.Cancelling {
 		return nil
 	}
-	_, err = Intend(d, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, nil, writeRecord(d))
+	_, err = Intend(d, rec, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, nil, writeRecord(d))
 	if errors.Is(err, errNotJournaled) {
 		return fmt.Errorf("%w, so nothing was signalled", err)
 	}

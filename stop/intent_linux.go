@@ -26,19 +26,22 @@ var (
 // stands: it is returned, rec takes it, and nothing is written), it journals
 // event with f and the cause and syncs the line, then sets rec to
 // `cancelling` with cause and writes it with write. The caller holds the
-// run's lock. appendLine journals (nil: journal.Append on d); the wrapper
+// run's lock, and disk is the record as it read it under that lock (nil:
+// unreadable), so the record is read once per intent: cancel and the
+// watchdog decide on that record anyway, and the wrapper hands the same one
+// to its write. appendLine journals (nil: journal.Append on d); the wrapper
 // passes its own, so its journal has one writer.
 //
 // An error wrapping errNotJournaled leaves rec as it was; one wrapping
 // errNotRecorded comes after the line was synced and rec set.
-func Intend(d *rundir.Dir, rec *statusfile.Record, event, cause string, f journal.Fields, appendLine func(event string, f journal.Fields, sync bool) error, write func(*statusfile.Record) error) (string, error) {
+func Intend(d *rundir.Dir, rec, disk *statusfile.Record, event, cause string, f journal.Fields, appendLine func(event string, f journal.Fields, sync bool) error, write func(*statusfile.Record) error) (string, error) {
 	if appendLine == nil {
 		appendLine = func(event string, f journal.Fields, sync bool) error {
 			_, err := journal.Append(d, event, f, sync)
 			return err
 		}
 	}
-	if disk, err := statusfile.Read(d); err == nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
+	if disk != nil && disk.State == statusfile.Cancelling && disk.Cause != "" {
 		rec.State, rec.Cause = disk.State, disk.Cause
 		return disk.Cause, nil
 	}

@@ -86,7 +86,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	for k, v := range o.Fields {
 		f[k] = v
 	}
-	cause, err := Intend(d, rec, o.Intent, o.Cause, f, nil, writeRecord(d))
+	cause, err := Intend(d, rec, rec, o.Intent, o.Cause, f, nil, writeRecord(d))
 	if errors.Is(err, errNotJournaled) {
 		unlock()
 		return nil, fmt.Errorf("run %s: %w, so nothing was signalled", d.ID, err)

@@ -110,8 +110,9 @@ func (s *supervisor) beginCancel(cause, event string) string {
 // The wrapper stops its job even when the intent cannot be journaled (it is
 // the job's last line of defence), and says so.
 func (s *supervisor) intend(event, cause string, f journal.Fields) string {
-	cause, err := stop.Intend(s.d, &s.rec, event, cause, f, s.appendJournal, func(*statusfile.Record) error {
-		s.writeRecordLocked(false) // warns itself
+	disk := s.readRecord() // read once: Intend decides on it, and the write checks it
+	cause, err := stop.Intend(s.d, &s.rec, disk, event, cause, f, s.appendJournal, func(*statusfile.Record) error {
+		s.replaceRecord(disk, false) // warns itself
 		return nil
 	})
 	if err != nil {
