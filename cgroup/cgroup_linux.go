@@ -42,11 +42,26 @@ var errUnavailable = errors.New("no writable cgroup v2 subtree")
 // run's) reads the mount table once.
 var mounted atomic.Pointer[string]
 
-// Mount returns the cgroup2 mount point from /proc/self/mountinfo (read
-// once per process, once it has one).
+// wellKnown are where hosts mount cgroup2: the unified hierarchy, and the
+// hybrid one's cgroup2 part.
+var wellKnown = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
+
+// Mount returns the cgroup2 mount point (found once per process, once it
+// has one): the first of the well-known places that statfs says is a
+// cgroup2 file system, else the first cgroup2 mount in
+// /proc/self/mountinfo. The statfs is a few microseconds; the kernel
+// writes the whole mount table out for a read of mountinfo, which cost
+// every run about 0.15 ms of CPU at its start (issue #17).
 func Mount() (string, error) {
 	if m := mounted.Load(); m != nil {
 		return *m, nil
+	}
+	for _, p := range wellKnown {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			mounted.Store(&p)
+			return p, nil
+		}
 	}
 	m, err := readMount()
 	if err == nil {
