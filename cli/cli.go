@@ -45,6 +45,10 @@ type Env struct {
 	Stderr io.Writer
 	// Getenv reads the environment; nil means os.Getenv.
 	Getenv func(string) string
+	// Exits says the process exits when Run returns (cmd/agent-wrap's
+	// main): a run then leaves its signal subscriptions to the exit
+	// (wrapper.Config.Exiting).
+	Exits bool
 
 	root string // --root given before the command name, if any
 	// shortForm: the command line had no command name (agent-wrap RUN_ID

@@ -130,6 +130,7 @@ func runRun(e *Env, args []string) int {
 		Stdout:   e.Stdout,
 		Stderr:   e.Stderr,
 		Diag:     e.Stderr,
+		Exiting:  e.Exits,
 	}
 	if f, ok := e.Stdin.(*os.File); ok {
 		cfg.Stdin = f

@@ -72,7 +72,8 @@ type supervisor struct {
 //     too and its exit status lost);
 //   - it subscribes to SIGTERM, SIGINT, SIGHUP, SIGCHLD and SIGPIPE with
 //     signal.Notify for as long as it runs, so none of them has its default
-//     effect meanwhile (signal.Stop on return restores it);
+//     effect meanwhile (signal.Stop on return restores it, unless
+//     Config.Exiting);
 //   - it sets the garbage collector's percent to 50 (debug.SetGCPercent);
 //   - it marks every inherited file descriptor from 3 up close-on-exec
 //     before it starts the job, so no later exec in the process inherits
@@ -101,7 +102,9 @@ func Run(cfg Config) (*Result, error) {
 	s := &supervisor{cfg: cfg, diag: cfg.Diag, self: os.Getpid(), escaped: map[int]statusfile.Escaped{}}
 	s.sigs = make(chan os.Signal, 32)
 	signal.Notify(s.sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGCHLD, unix.SIGPIPE)
-	defer signal.Stop(s.sigs)
+	if !cfg.Exiting {
+		defer signal.Stop(s.sigs)
+	}
 
 	// 2. The claim.
 	d, err := cfg.Root.Create(cfg.ID)

@@ -75,6 +75,15 @@ type Config struct {
 	// Running, if set, is called once with the record as soon as the run is
 	// `running` (used by --detach to release its caller).
 	Running func(*statusfile.Record)
+
+	// Exiting says the process exits as soon as Run returns (the command
+	// line does): Run then leaves its signal subscriptions in place instead
+	// of undoing them with signal.Stop, which waits for a round trip to the
+	// Go runtime's signal-mask thread for each of the five signals, between
+	// the final record and the exit of every run (issue #17). A signal that
+	// arrives after the return is then ignored, not fatal: the run is over,
+	// and the exit code stays its own.
+	Exiting bool
 }
 
 // Result is how a run ended.
