@@ -18,7 +18,7 @@ import (
 
 var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
-// Issue 15 (9): the README linked ../shared/CONTRACT.md, which a clone does
+// Issue 15 (9): the README linked a contract in a directory beside the clone, which a clone does
 // not have. Every relative link in every Markdown file must resolve to a
 // file inside the repository.
 func TestLinksStayInRepo(t *testing.T) {
