@@ -48,6 +48,7 @@ func runSSH(e *Env, args []string) int {
 	}
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
+	mux := fs.String("mux", controller.MuxAuto, "`MODE` auto: calls are sessions on agent-wrap's own ssh ControlMasters (unless the --rsh is not OpenSSH's or you set a ControlPath); off: a connection per call")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -62,7 +63,10 @@ func runSSH(e *Env, args []string) int {
 	}
 	cfg := controller.Config{Dest: dest, RemoteBin: *remoteBin, RemoteRoot: *remoteRoot, ID: *id,
 		Grace: time.Duration(grace), RenewEvery: time.Duration(renewEvery), GiveUp: time.Duration(giveUp),
-		Stdout: e.Stdout, Stderr: e.Stderr}
+		Stdout: e.Stdout, Stderr: e.Stderr, Mux: *mux, MuxDir: controller.MuxDir(e.Getenv)}
+	if *mux != controller.MuxAuto && *mux != controller.MuxOff {
+		return e.usageError("ssh: --mux %q: want %s or %s", *mux, controller.MuxAuto, controller.MuxOff)
+	}
 	switch {
 	case lease < 0:
 	case lease == 0:
@@ -119,6 +123,9 @@ func runSSH(e *Env, args []string) int {
 			return ExitUnsafeRoot
 		case errors.Is(err, rundir.ErrBadID):
 			return ExitUsage
+		case errors.Is(err, controller.ErrMux):
+			e.hint("make it a directory of yours with mode 0700 (or name another with AGENT_WRAP_MUX_DIR), or pass --mux off; nothing was started")
+			return ExitUnsafeRoot
 		}
 		return ExitFailure
 	}

@@ -38,6 +38,12 @@ type Config struct {
 	// the connection was lost.
 	GiveUp time.Duration
 
+	// Mux is MuxAuto ("" too: the calls are sessions on agent-wrap's own
+	// ControlMasters, unless the rsh is not OpenSSH's or the user set a
+	// ControlPath) or MuxOff (a connection per call). MuxDir is where the
+	// masters' sockets live; default MuxDir(os.Getenv). See mux.go.
+	Mux, MuxDir string
+
 	Ledger *ledger.Ledger // required
 	Events io.Writer      // controller events as JSON lines; nil: none
 	Stdout io.Writer      // the job's stdout; required
@@ -52,7 +58,8 @@ type Config struct {
 // the host ever claimed it (ledger: not_started): 143, as a cancelled run.
 const exitCancelledBeforeLaunch = 143
 
-// Backoff bounds between reattach attempts: 0.2 s doubling to 5 s.
+// Backoff bounds between reattach attempts after the first, which is at
+// once: 0.2 s doubling to 5 s.
 const (
 	backoffMin = 200 * time.Millisecond
 	backoffMax = 5 * time.Second
@@ -140,6 +147,10 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	}
 	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.Ledger, cfg.ID)
 	if err != nil {
+		return nil, err
+	}
+	if err := h.setMux(cfg.Mux, cfg.MuxDir); err != nil {
+		h.close()
 		return nil, err
 	}
 	r := &Run{
@@ -784,13 +795,22 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	}
 }
 
-// backoff spaces reattach attempts: 0.2 s doubling to 5 s.
-type backoff struct{ d time.Duration }
+// backoff spaces reattach attempts: the first at once (a lost session is
+// most often a master or client that died, replaced in milliseconds), then
+// 0.2 s doubling to 5 s.
+type backoff struct {
+	d       time.Duration
+	retried bool // the at-once retry was used
+}
 
-func (b *backoff) reset() { b.d = 0 }
+func (b *backoff) reset() { b.d, b.retried = 0, false }
 
 // wait sleeps the next interval, ending early when ctx ends.
 func (b *backoff) wait(ctx context.Context) {
+	if !b.retried {
+		b.retried = true
+		return
+	}
 	if b.d == 0 {
 		b.d = backoffMin
 	} else if b.d *= 2; b.d > backoffMax {

@@ -222,6 +222,7 @@ type host struct {
 	keepalive []string
 	probed    chan struct{} // closed once keepalive is known
 	tmpdir    string        // where ssh's -E logs go
+	mux       *mux          // agent-wrap's ControlMasters for dest, or nil (see useMux)
 }
 
 // newHost checks rsh and prepares the calls' options and log directory:
@@ -270,9 +271,10 @@ func removeSSHLogs(l *ledger.Ledger, id string) {
 
 // callResult is how one remote call ended.
 type callResult struct {
-	code   int    // the remote command's exit status; 255 when ssh failed; -1 when killed
-	sshLog string // what ssh itself said (its -E log), trimmed
-	err    error  // the client could not be started
+	code    int    // the remote command's exit status; 255 when ssh failed; -1 when killed
+	sshLog  string // what ssh itself said (its -E log): the last line
+	fullLog string // all of that log
+	err     error  // the client could not be started
 }
 
 // lost reports whether the call failed as a connection: ssh's 255, or the
@@ -304,7 +306,16 @@ var callSeq atomic.Int64
 // here locks one).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
 	<-h.probed
-	args := append([]string{}, h.rsh[1:]...)
+	if h.mux != nil {
+		return h.mux.call(ctx, h, line, stdout, stderr)
+	}
+	return h.exec(ctx, nil, line, stdout, stderr)
+}
+
+// exec is one client: `RSH[0] first... RSH[1:]... [opts] DEST LINE`.
+func (h *host) exec(ctx context.Context, first []string, line string, stdout, stderr io.Writer) callResult {
+	args := append([]string{}, first...)
+	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	var logPath string
 	if isSSH(h.rsh) {
@@ -336,10 +347,8 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	}
 	if logPath != "" {
 		if b, err := os.ReadFile(logPath); err == nil {
-			res.sshLog = strings.TrimSpace(string(b))
-			if i := strings.LastIndexByte(res.sshLog, '\n'); i >= 0 {
-				res.sshLog = res.sshLog[i+1:]
-			}
+			res.fullLog = string(b)
+			res.sshLog = lastLogLine(res.fullLog)
 		}
 		os.Remove(logPath)
 	}
