@@ -1,0 +1,434 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The controller's own OpenSSH ControlMasters (--mux auto): every call to
+// a destination is a session on a master connection that agent-wrap
+// started, so a host sees a handful of connections however many runs are
+// in flight, and a reattach or a renewal costs a session, not a handshake.
+//
+//   - Where: a socket per master, DIR/HASH.N, DIR a 0700 directory of the
+//     user's ($AGENT_WRAP_MUX_DIR, else $XDG_RUNTIME_DIR/agent-wrap-mux,
+//     else /tmp/agent-wrap-mux-UID), HASH naming the rsh words and the
+//     destination (two configurations never share a master), N the slot.
+//   - Who starts one: the first call that finds no master with room, under
+//     an flock on DIR/HASH.lock, so that the controllers of one machine
+//     start one master at a time per destination (a burst of runs never
+//     meets sshd's MaxStartups). `ssh -M -N -o ControlPersist=60` returns
+//     once the master is up; it lives on in the background, shared by
+//     every controller process of the user on this machine.
+//   - Who stops it: itself, 60 s after its last session ended
+//     (ControlPersist), or `ssh -O exit` with its socket. Never by name.
+//   - A full master (sshd's MaxSessions reached: "session request failed")
+//     is answered by trying the next, and by starting a new one when every
+//     master is full. A dead one (its socket refuses or is gone) is
+//     replaced at once. Both are known before the remote command ran: the
+//     clients carry -o ProxyCommand=false, so a client whose master cannot
+//     take the session fails at once instead of falling back to a
+//     connection of its own (see muxClientOpts).
+//   - A master that dies mid-run ends its sessions (ssh exits 255): to
+//     Follow that is a lost connection, and the reattach's call finds the
+//     socket dead and replaces the master.
+
+// Mux modes of Config.Mux.
+const (
+	MuxAuto = "auto" // agent-wrap's own ControlMasters unless the user set a ControlPath (the default)
+	MuxOff  = "off"  // one connection per call, as the rsh makes it
+)
+
+// muxPersist is how long a master outlives its last session.
+const muxPersist = "60"
+
+// maxMasters bounds the masters per destination; past it, calls make
+// connections of their own.
+const maxMasters = 64
+
+// fullFor is how long a master that refused a session is passed over.
+const fullFor = 2 * time.Second
+
+// mux is the set of masters of one destination (one rsh and dest), shared
+// by every run of this process that goes there.
+type mux struct {
+	base  string // DIR/HASH; sockets are base.N
+	guard bool   // clients carry ProxyCommand=false (not with a user's ProxyJump)
+
+	mu   sync.Mutex
+	full map[int]time.Time // slot -> passed over until
+	next int               // rotates the first slot tried
+}
+
+var muxes sync.Map // base -> *mux
+
+// MuxDir returns the default directory of the masters' sockets:
+// $XDG_RUNTIME_DIR/agent-wrap-mux, else /tmp/agent-wrap-mux-UID.
+func MuxDir(getenv func(string) string) string {
+	if d := getenv("AGENT_WRAP_MUX_DIR"); d != "" {
+		return d
+	}
+	if rt := getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(rt) {
+		return filepath.Join(rt, "agent-wrap-mux")
+	}
+	return "/tmp/agent-wrap-mux-" + strconv.Itoa(os.Geteuid())
+}
+
+// ErrMux is returned (wrapped) by Start when the masters' socket directory
+// cannot be used, or Config.Mux is not a mode.
+var ErrMux = errors.New("mux")
+
+// setMux applies Config.Mux and MuxDir to h.
+func (h *host) setMux(mode, dir string) error {
+	switch mode {
+	case MuxOff:
+		return nil
+	case "", MuxAuto:
+	default:
+		return fmt.Errorf("%w: --mux %q: want %s or %s", ErrMux, mode, MuxAuto, MuxOff)
+	}
+	if dir == "" {
+		dir = MuxDir(os.Getenv)
+	}
+	_, err := h.useMux(dir)
+	return err
+}
+
+// maxSocketPath is the longest unix socket path the platforms we build for
+// take (macOS and the BSDs: 104 bytes with the NUL); a master binds a
+// temporary name 17 bytes longer than its ControlPath first.
+const maxSocketPath = 103 - 17
+
+// useMux makes h's calls sessions on agent-wrap's own masters in dir, when
+// the rsh is OpenSSH's and the user set no ControlPath (and no
+// ControlMaster) of their own. It reports whether it did; an unusable dir
+// is an error.
+func (h *host) useMux(dir string) (bool, error) {
+	if !isSSH(h.rsh) || setsControl(h.rsh, h.dest) {
+		return false, nil
+	}
+	if err := privateDir(dir); err != nil {
+		return false, fmt.Errorf("%w: the ControlMaster socket directory: %w", ErrMux, err)
+	}
+	sum := sha256.Sum256([]byte(strings.Join(append(append([]string{}, h.rsh...), "\x00", h.dest), "\x00")))
+	base := filepath.Join(dir, strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:10])))
+	if len(base)+3 > maxSocketPath {
+		return false, fmt.Errorf("%w: the ControlMaster socket directory %s is too long for a socket path (at most %d bytes)", ErrMux, dir, maxSocketPath-20)
+	}
+	m, _ := muxes.LoadOrStore(base, &mux{base: base, guard: !setsJump(h.rsh), full: map[int]time.Time{}})
+	h.mux = m.(*mux)
+	return true, nil
+}
+
+// setsControl reports whether the user's ssh setup names a ControlPath or
+// ControlMaster of its own: then the multiplexing is theirs.
+func setsControl(rsh []string, dest string) bool {
+	for _, w := range rsh[1:] {
+		lw := strings.ToLower(w)
+		if strings.Contains(lw, "controlpath") || strings.Contains(lw, "controlmaster") || w == "-S" || w == "-M" || strings.HasPrefix(w, "-S") {
+			return true
+		}
+	}
+	switch configMentions(rsh, "controlpath") {
+	case mentioned:
+		return true
+	case notMentioned:
+		return false
+	}
+	args := append(append([]string{}, rsh[1:]...), "-G", "--", dest)
+	out, err := exec.Command(rsh[0], args...).Output()
+	if err != nil {
+		return true // cannot tell: leave ssh as the user has it
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "controlpath ") {
+			return true
+		}
+	}
+	return false
+}
+
+// setsJump reports whether the rsh words name a jump host (ssh refuses
+// -J together with the ProxyCommand the guard adds).
+func setsJump(rsh []string) bool {
+	for _, w := range rsh[1:] {
+		if strings.HasPrefix(w, "-J") || strings.Contains(strings.ToLower(w), "proxyjump") {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *mux) sock(slot int) string { return m.base + "." + strconv.Itoa(slot) }
+
+// muxClientOpts are a session client's options, placed before the user's
+// words (ssh takes the first value it is given). ControlMaster=no: a client
+// never becomes a master by itself. ProxyCommand=false: a client whose
+// master refuses the session (full, or dead) fails at once, before any
+// command ran, instead of opening a connection of its own.
+func (m *mux) muxClientOpts(slot int) []string {
+	o := []string{"-o", "ControlMaster=no", "-o", "ControlPath=" + m.sock(slot), "-o", "LogLevel=ERROR"}
+	if m.guard {
+		o = append(o, "-o", "ProxyCommand=false")
+	}
+	return o
+}
+
+// Markers of a session that never started, in a client's -E log (at
+// LogLevel ERROR, which the clients carry).
+const (
+	// The master's sshd refused the channel (MaxSessions).
+	markFull = "session request failed"
+	// The guard's ProxyCommand=false failed: the client could not have its
+	// session from the master (full, dead or gone) and tried a connection
+	// of its own. A client that had its session never does a key exchange.
+	markFallback = "kex_exchange_identification"
+)
+
+// call runs line as a session on one of the masters, starting or replacing
+// one as needed. A session refused by a full master, or by a dead one, is
+// tried again on another: the remote command had not started.
+func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.Writer) callResult {
+	tried := map[int]bool{}
+	dead := map[int]int{}
+	for attempt := 0; attempt < 2*maxMasters; attempt++ {
+		slot, res := m.pick(ctx, h, tried)
+		if res != nil {
+			return *res
+		}
+		if slot < 0 {
+			break // every master is full: a connection of its own
+		}
+		r := h.exec(ctx, m.muxClientOpts(slot), line, stdout, stderr)
+		if r.code != 255 || ctx.Err() != nil {
+			return r
+		}
+		if !m.guard || !strings.Contains(r.fullLog, markFallback) {
+			return r // the session ran (or nothing can tell): its result
+		}
+		if strings.Contains(r.fullLog, markFull) {
+			m.markFull(slot)
+			tried[slot] = true
+			continue
+		}
+		// Else the master is dead or gone: pick replaces it (its socket
+		// no longer answers); one that still answers but fails twice is
+		// passed over.
+		if dead[slot]++; dead[slot] >= 2 {
+			tried[slot] = true
+		}
+	}
+	return h.exec(ctx, nil, line, stdout, stderr)
+}
+
+func (m *mux) markFull(slot int) {
+	m.mu.Lock()
+	m.full[slot] = time.Now().Add(fullFor)
+	m.mu.Unlock()
+}
+
+func (m *mux) isFull(slot int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Now().Before(m.full[slot])
+}
+
+// slots lists the slots that have a socket file, in the order to try them:
+// rotated, so that the runs of many processes spread over the masters.
+func (m *mux) slots() []int {
+	names, _ := filepath.Glob(m.base + ".*")
+	var s []int
+	for _, n := range names {
+		if i, err := strconv.Atoi(strings.TrimPrefix(n, m.base+".")); err == nil && i >= 0 && i < maxMasters {
+			s = append(s, i)
+		}
+	}
+	sort.Ints(s)
+	if len(s) > 1 {
+		m.mu.Lock()
+		k := (m.next + os.Getpid()) % len(s)
+		m.next++
+		m.mu.Unlock()
+		s = append(s[k:], s[:k]...)
+	}
+	return s
+}
+
+// pick returns a slot whose master answers and is not known to be full,
+// starting a master when there is none: under the destination's lock, in
+// the first slot without a live master. -1: every slot is taken and full.
+// A non-nil result is a master that could not be started (a connection
+// that failed, as a call's would).
+func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool) (int, *callResult) {
+	for _, s := range m.slots() {
+		if !tried[s] && !m.isFull(s) && sockAlive(m.sock(s)) {
+			return s, nil
+		}
+	}
+	unlock, err := lockFile(ctx, m.base+".lock")
+	if err != nil {
+		return 0, &callResult{code: -1, err: err}
+	}
+	defer unlock()
+	// Another caller may have started one while we waited.
+	for _, s := range m.slots() {
+		if !tried[s] && !m.isFull(s) && sockAlive(m.sock(s)) {
+			return s, nil
+		}
+	}
+	for s := 0; s < maxMasters; s++ {
+		p := m.sock(s)
+		if sockAlive(p) {
+			continue
+		}
+		os.Remove(p) // a dead master's socket
+		if res := m.start(ctx, h, s); res.code != 0 || res.err != nil {
+			return 0, &res
+		}
+		return s, nil
+	}
+	return -1, nil
+}
+
+// start starts the master of slot: `ssh -M -N -o ControlPersist=...`, which
+// returns once it is up and leaves it in the background (in a session of
+// its own, outside the controller's process group). Its -E log is
+// base.N.log, replaced at each start.
+func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
+	logPath := m.sock(slot) + ".log"
+	os.Remove(logPath)
+	args := []string{"-o", "ControlMaster=yes", "-o", "ControlPath=" + m.sock(slot), "-o", "ControlPersist=" + muxPersist}
+	args = append(args, h.rsh[1:]...)
+	args = append(args, h.keepalive...)
+	args = append(args, "-E", logPath, "-N", "--", h.dest)
+	cmd := exec.Command(h.rsh[0], args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return callResult{code: 255, err: err}
+	}
+	pid := cmd.Process.Pid
+	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	err := cmd.Wait()
+	stop()
+	res := callResult{}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		if !sockAlive(m.sock(slot)) {
+			res.code, res.sshLog = 255, "the ssh ControlMaster exited at once"
+		}
+	case errors.As(err, &ee):
+		res.code = ee.ExitCode()
+		if res.code != 255 && res.code != -1 {
+			res.code = 255 // the master runs no remote command: any failure is ssh's
+		}
+	default:
+		res.code, res.err = 255, err
+	}
+	if res.code != 0 {
+		if b, err := os.ReadFile(logPath); err == nil {
+			res.fullLog = string(b)
+			res.sshLog = lastLogLine(res.fullLog)
+		}
+	}
+	return res
+}
+
+// sockAlive reports whether a master listens on the socket at path.
+func sockAlive(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// lockFile takes an exclusive flock on path (created 0600), waiting until
+// ctx ends. unlock releases it.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, &os.PathError{Op: "flock", Path: path, Err: err}
+		}
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			f.Close()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// privateDir makes sure dir is a directory of ours that nobody else can
+// enter, creating it (mode 0700) if needed: the masters' sockets let anyone
+// who can reach them run commands as the user on the destination.
+func privateDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("%s is a symlink or not a directory", dir)
+	case !ok || int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%s is not owned by you", dir)
+	case fi.Mode().Perm()&0o077 != 0:
+		return fmt.Errorf("%s has mode %04o, open to group or others", dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// StopMasters ends every master whose socket is in dir, with `ssh -O exit`
+// on its socket (never by name), and reports how many it stopped.
+func StopMasters(dir string) int {
+	names, _ := filepath.Glob(filepath.Join(dir, "*.*"))
+	n := 0
+	for _, p := range names {
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode()&os.ModeSocket == 0 {
+			continue
+		}
+		if exec.Command("ssh", "-o", "ControlPath="+p, "-O", "exit", "agent-wrap-mux").Run() == nil {
+			n++
+		}
+	}
+	return n
+}
+
+func lastLogLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
