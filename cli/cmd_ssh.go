@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/controller"
+	"github.com/agent-wrap/agent-wrap/handoff"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -62,7 +63,9 @@ func runSSH(e *Env, args []string) int {
 	}
 	cfg := controller.Config{Dest: dest, RemoteBin: *remoteBin, RemoteRoot: *remoteRoot, ID: *id,
 		Grace: time.Duration(grace), RenewEvery: time.Duration(renewEvery), GiveUp: time.Duration(giveUp),
-		Stdout: e.Stdout, Stderr: e.Stderr}
+		Stdout: e.Stdout, Stderr: e.Stderr,
+		// Inside a run, the run started here is a handoff of that run.
+		Control: e.Getenv(handoff.EnvControl), OuterRunID: e.Getenv(handoff.EnvRunID)}
 	switch {
 	case lease < 0:
 	case lease == 0:

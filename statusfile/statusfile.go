@@ -111,6 +111,11 @@ type Record struct {
 	// AgentSocket is the run's scoped SSH agent socket (the job's
 	// SSH_AUTH_SOCK), while and after it existed.
 	AgentSocket string `json:"agent_socket,omitempty"`
+	// ControlSocket is where the wrapper takes handoff registrations (the
+	// job's AGENT_WRAP_CONTROL); Handoffs are the runs registered there.
+	ControlSocket       string    `json:"control_socket,omitempty"`
+	HandoffGraceSeconds float64   `json:"handoff_grace_seconds,omitempty"`
+	Handoffs            []Handoff `json:"handoffs,omitempty"`
 }
 
 // Timestamp formats t as the record's times are: RFC 3339, UTC, nanoseconds.

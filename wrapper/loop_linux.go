@@ -51,6 +51,8 @@ func (s *supervisor) wait(deadline int64) string {
 			case unix.SIGINT:
 				return s.beginCancel(statusfile.CauseINT, "cancel_requested")
 			}
+		case <-s.controlChanged():
+			s.recordHandoffs()
 		case <-leaseC:
 			next, expired := s.checkLease()
 			if expired != "" {

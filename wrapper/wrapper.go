@@ -64,6 +64,10 @@ type Config struct {
 	// Agent is AgentScoped, AgentInherit, AgentNone, or "" (scoped). With
 	// no SSH_AUTH_SOCK in the process's environment every mode is none.
 	Agent string
+	// HandoffGrace is how long the stop waits for the runs a job handed on
+	// to other hosts (`agent-wrap ssh` inside the run) to confirm their
+	// cancel before the group is signalled; 0: Grace; negative: no wait.
+	HandoffGrace time.Duration
 
 	// Stdin becomes the job's fd 0; nil means /dev/null.
 	Stdin *os.File
