@@ -129,20 +129,28 @@ func (n *nested) capLease() (time.Duration, bool) {
 	return left.Truncate(time.Millisecond), true
 }
 
-// follow forwards the outer wrapper's cancel to Cancel, and reports the
-// launch's lease end once the host has the run.
+// follow forwards the outer wrapper's cancel to Cancel, reports the
+// launch's lease end once the host has the run, and renews at once when
+// the outer deadline moves closer (the renewal caps the lease anew).
 func (n *nested) follow(r *Run) {
-	select {
-	case <-r.launched:
-		n.tellLeased(r, time.Duration(n.launch.Load()))
-	case <-n.c.Cancelled():
-	case <-n.stop:
-		return
-	}
-	select {
-	case <-n.c.Cancelled():
-		r.Cancel()
-	case <-n.stop:
+	launched := r.launched
+	for {
+		select {
+		case <-launched:
+			launched = nil
+			n.tellLeased(r, time.Duration(n.launch.Load()))
+		case dl := <-n.c.Moved():
+			n.deadline.Store(dl)
+			select {
+			case r.renewNow <- struct{}{}:
+			default:
+			}
+		case <-n.c.Cancelled():
+			r.Cancel()
+			return
+		case <-n.stop:
+			return
+		}
 	}
 }
 

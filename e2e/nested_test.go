@@ -414,3 +414,39 @@ func shellWords(argv []string) []string {
 	}
 	return out
 }
+
+// The outer lease moved closer (renew --lease with a shorter lease): the
+// inner run's lease follows at once, so it still ends no later than the
+// outer deadline.
+func TestNestedOuterLeaseShortenedInnerFollows(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	a := c.level(t)
+	k := a.runLocal("outer6", []string{"--lease", "120s", "--grace", "2s", "--handoff-grace", "30s"},
+		c.sshArgv("inner6", []string{"--lease", "120s", "--grace", "2s"}, "sleep", "300")...)
+	c.waitRunning("inner6")
+	a.waitHandoff("outer6", "inner6", "with its lease end", func(h statusfile.Handoff) bool { return h.LeaseEndsAt != "" })
+	deadline := func(root, id string) int64 {
+		b, err := os.ReadFile(filepath.Join(root, id, "deadline_epoch"))
+		if err != nil {
+			return 0
+		}
+		dl, _ := lease.ParseDeadline(b)
+		return dl
+	}
+	if out, err := execBin("--root", a.root, "renew", "--lease", "20s", "outer6"); err != nil {
+		t.Fatalf("renew outer6: %v: %s", err, out)
+	}
+	outer := deadline(a.root, "outer6")
+	eventually(t, "the inner deadline at or before the outer one", func() bool {
+		dl := deadline(c.root, "inner6")
+		return dl > 0 && dl <= outer
+	})
+	t.Logf("outer deadline %d, inner deadline %d", outer, deadline(c.root, "inner6"))
+	if code, out := a.cancelLocal("outer6"); code != 0 {
+		t.Fatalf("cancel outer6: exit %d: %s", code, out)
+	}
+	k.wait(t)
+	wantFinal(t, c.waitTerminal("inner6"), "cancelled", "cancel", 143)
+	c.treeGone("inner6")
+}

@@ -12,7 +12,8 @@
 // for the life of its run: every Request gets one Reply, in order; the
 // wrapper may also send a Reply with Op "cancel" at any time, which asks the
 // inner controller to cancel its run (its own cancel path: ledger
-// cancel_requested, then `cancel --wait` over a new connection).
+// cancel_requested, then `cancel --wait` over a new connection), or with Op
+// "deadline" when the outer deadline has moved closer.
 //
 // Guarantees, for the wrapper's side (wrapper/handoff_linux.go): a
 // registration is answered OK only after the `handoff` event is synced to
@@ -53,8 +54,12 @@ const (
 	OpEnded    = "ended"    // the inner run's outcome, as the controller settled it
 )
 
-// OpCancel is the wrapper's unsolicited message: cancel the inner run.
-const OpCancel = "cancel"
+// The wrapper's unsolicited messages: cancel the inner run; the outer
+// deadline moved closer (Reply.Deadline), so renew at once with the new cap.
+const (
+	OpCancel   = "cancel"
+	OpDeadline = "deadline"
+)
 
 // opReply marks a Reply that answers a Request.
 const opReply = "reply"
@@ -106,6 +111,7 @@ type Client struct {
 	askMu   sync.Mutex // one question at a time
 	writeMu sync.Mutex
 	replies chan Reply
+	moved   chan int64 // the outer deadline moved closer (latest only)
 	cancel  chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -117,7 +123,7 @@ func Dial(path string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{conn: conn, replies: make(chan Reply, 1), cancel: make(chan struct{}), done: make(chan struct{})}
+	c := &Client{conn: conn, replies: make(chan Reply, 1), moved: make(chan int64, 1), cancel: make(chan struct{}), done: make(chan struct{})}
 	go c.read()
 	return c, nil
 }
@@ -130,8 +136,16 @@ func (c *Client) read() {
 		if json.Unmarshal(sc.Bytes(), &r) != nil {
 			continue
 		}
-		if r.Op == OpCancel {
+		switch r.Op {
+		case OpCancel:
 			c.once.Do(func() { close(c.cancel) })
+			continue
+		case OpDeadline:
+			select { // keep the latest only
+			case <-c.moved:
+			default:
+			}
+			c.moved <- r.Deadline
 			continue
 		}
 		select {
@@ -144,6 +158,10 @@ func (c *Client) read() {
 // Cancelled is closed once the wrapper has asked for the inner run to be
 // cancelled.
 func (c *Client) Cancelled() <-chan struct{} { return c.cancel }
+
+// Moved delivers the outer deadline (Unix seconds) each time the wrapper
+// says it moved closer; only the latest is kept.
+func (c *Client) Moved() <-chan int64 { return c.moved }
 
 // Done is closed once the connection is gone (the wrapper closed it, or
 // died).
@@ -222,6 +240,9 @@ func (c *Conn) Answer(r Reply) error {
 
 // Cancel asks the inner controller to cancel its run.
 func (c *Conn) Cancel() error { return c.write(Reply{Op: OpCancel}) }
+
+// Moved tells the inner controller the outer deadline moved closer.
+func (c *Conn) Moved(deadline int64) error { return c.write(Reply{Op: OpDeadline, Deadline: deadline}) }
 
 func (c *Conn) write(r Reply) error {
 	b, err := json.Marshal(r)

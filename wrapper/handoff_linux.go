@@ -330,6 +330,22 @@ func (s *supervisor) endHandoffLocked(h *handoffConn, late bool) {
 	s.ctl.touch()
 }
 
+// deadlineMoved tells every open handoff that the outer deadline moved
+// closer (renew --lease with a shorter lease), so each renews its own at
+// once with the new cap instead of at its next renewal.
+func (s *supervisor) deadlineMoved(deadline int64) {
+	if s.ctl == nil {
+		return
+	}
+	s.ctl.mu.Lock()
+	defer s.ctl.mu.Unlock()
+	for _, h := range s.ctl.list {
+		if !h.ended {
+			_ = h.c.Moved(deadline)
+		}
+	}
+}
+
 // endHandoffs is the stop's first step: no registration is taken any
 // more; each open handoff is asked to cancel (over its connection, or with
 // TERM to its verified controller when the connection fails), and the

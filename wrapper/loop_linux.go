@@ -72,6 +72,7 @@ func (s *supervisor) wait(deadline int64) string {
 				if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
 					deadline = dl
 					timer.Reset(time.Until(time.Unix(dl, 0)))
+					s.deadlineMoved(dl)
 				}
 			}
 		}
