@@ -19,7 +19,7 @@ func init() {
 		summary:  "run a job on another host so that it cannot be lost (the controller side)",
 		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
 		help:     sshHelp,
-		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 64 usage or a run ID already in the ledger; 78 unsafe ledger",
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage or a run ID already in the ledger; 78 unsafe ledger",
 		run:      runSSH,
 	})
 }
@@ -29,7 +29,10 @@ controller's half of the contract: a ledger record written before the first
 connection, lease renewals over their own connections, a reattach from the
 byte offsets delivered after a lost connection, and on INT, TERM or HUP a
 confirmed remote cancel over a new connection. The job's stdout and stderr
-arrive byte for byte; the job's stdin is /dev/null. See docs/controller.md.
+arrive byte for byte; the job's stdin is /dev/null. Inside a run
+($AGENT_WRAP_CONTROL set by its wrapper) the run is registered with that run
+before the launch, its lease capped at that run's time left, and it is
+cancelled before that run stops. See docs/controller.md.
 `
 
 func runSSH(e *Env, args []string) int {
