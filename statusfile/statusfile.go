@@ -184,10 +184,13 @@ func Parse(b []byte) (*Record, error) {
 		return nil, errors.New("status.json has a negative PID")
 	}
 	// An empty list and no list say the same for the fields Marshal omits
-	// when empty ("escaped", an escapee's "argv"); the record keeps the one
+	// when empty ("escaped", "handoffs", an escapee's "argv"); the record keeps the one
 	// form Marshal writes, so what is read is what would be written.
 	if len(r.Escaped) == 0 {
 		r.Escaped = nil
+	}
+	if len(r.Handoffs) == 0 {
+		r.Handoffs = nil
 	}
 	for i := range r.Escaped {
 		if len(r.Escaped[i].Argv) == 0 {
