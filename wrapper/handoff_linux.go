@@ -34,6 +34,10 @@ import (
 // journaled in their `action` events.
 const channelHandoff = "handoff"
 
+// reasonMalformed refuses a registration that does not name the inner run
+// and its destination.
+const reasonMalformed = "malformed"
+
 // control is the run's control socket and its handoffs.
 type control struct {
 	ln   *net.UnixListener
@@ -207,26 +211,32 @@ func (s *supervisor) serveHandoff(h *handoffConn) {
 // control's lock is held throughout, so a registration accepted before
 // the intent is in the list when the stop looks.
 func (s *supervisor) register(h *handoffConn, req handoff.Request) bool {
+	target := req.Dest + " " + req.RunID
 	refuse := func(reason string) bool {
 		_ = h.c.Answer(handoff.Reply{Reason: reason})
 		return false
 	}
+	// Refusals decided here are journaled through the gate as well, like
+	// the agent relay's own.
+	refuseHere := func(reason string) bool {
+		s.decideHandoffRefused(h, handoff.OpRegister, target, reason)
+		return refuse(reason)
+	}
 	switch {
 	case req.RunID == "" || req.Dest == "":
-		return refuse("a registration names the inner run and its destination")
+		return refuseHere(reasonMalformed)
 	case req.Outer != "" && req.Outer != s.cfg.ID:
-		return refuse(authority.ReasonNotMember)
+		return refuseHere(authority.ReasonNotMember) // it believes it is in another run
 	case req.PID != h.caller.PID || req.Start != h.caller.Start:
-		return refuse(authority.ReasonNotMember) // it is not who it says it is
+		return refuseHere(authority.ReasonNotMember) // it is not who it says it is
 	}
 	ctl := s.ctl
 	ctl.mu.Lock()
 	defer ctl.mu.Unlock()
 	if ctl.ending {
-		s.decideHandoffRefused(h, handoff.OpRegister, req.RunID, authority.ReasonIntent)
-		return refuse(authority.ReasonIntent)
+		return refuseHere(authority.ReasonIntent)
 	}
-	dec := s.decideHandoff(h, handoff.OpRegister, req.Dest+" "+req.RunID)
+	dec := s.decideHandoff(h, handoff.OpRegister, target)
 	if !dec.Allowed() {
 		return refuse(dec.Reason)
 	}
@@ -257,8 +267,8 @@ func (s *supervisor) decideHandoff(h *handoffConn, request, target string) autho
 	return dec
 }
 
-// decideHandoffRefused journals a refusal decided before the gate (the
-// stop has begun).
+// decideHandoffRefused journals a refusal decided before the gate (a
+// caller that is not who it says, the stop has begun).
 func (s *supervisor) decideHandoffRefused(h *handoffConn, request, target, reason string) {
 	_, _ = s.scope.gate.Decide(authority.Action{Channel: channelHandoff, Request: request, Target: target,
 		CallerPID: h.caller.PID, CallerStart: h.caller.Start, Refusal: reason})
@@ -371,9 +381,11 @@ func (s *supervisor) endHandoffs() {
 	}
 	for _, h := range open {
 		if err := h.c.Cancel(); err != nil {
+			// The connection failed: TERM is the controller's own cancel
+			// too, sent only to the process verified at registration.
 			id := proc.Identity{PID: h.caller.PID, Start: h.caller.Start}
 			if err := stop.Signal(id, unix.SIGTERM); err != nil && !errors.Is(err, proc.ErrGone) {
-				s.warn("handoff %s: cannot ask its controller (PID %d) to cancel: %v", h.rec.RunID, h.caller.PID, err)
+				s.warn("a handoff's controller (PID %d) cannot be asked to cancel: %v", h.caller.PID, err)
 			}
 		}
 	}
