@@ -218,11 +218,12 @@ func TestNested1CancelOuterStopsInnerFirst(t *testing.T) {
 	}
 }
 
-// 2. Everything on A SIGKILLed (the outer wrapper by its recorded PID, then
-// its job's group, the inner controller): the inner run on B stops no
-// later than the outer deadline plus the inner grace, because its lease was
-// capped at the outer run's time left. settle on A's ledger says so. The
-// outer lease passing is the subject here, so it is short.
+// 2. The outer wrapper SIGKILLed (by its recorded PID): the inner
+// controller, unable to ask it, stops renewing; then the rest of A is
+// SIGKILLed too (the job's group, the inner controller). The inner run on
+// B stops no later than the outer deadline plus the inner grace, because
+// its lease was capped at the outer run's time left. settle on A's ledger
+// says so. The outer lease passing is the subject here, so it is short.
 func TestNested2OuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
@@ -248,8 +249,19 @@ func TestNested2OuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	if !alive(r.WrapperPID, r.WrapperStart) {
 		t.Fatalf("outer wrapper %d not alive before the kill", r.WrapperPID)
 	}
-	a.killRuns() // SIGKILL: the wrapper (PID and start time checked), then the job's group
+	// The wrapper alone first: the inner controller can no longer ask it,
+	// and stops renewing.
+	if err := syscall.Kill(r.WrapperPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, "the outer wrapper dead", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
+	mark := len(c.ctlEvents("inner2"))
+	c.waitEvent("inner2", "renew_failed", mark)
+	if ev := c.lastEvent("inner2", "renew_failed"); ev["reason"] != "refused" || !strings.Contains(ev["error"].(string), "cannot be asked") {
+		t.Errorf("renew_failed after the outer wrapper died: %v; want refused, the outer run cannot be asked", ev)
+	}
+	// Then the rest of A: the job's group, the inner controller.
+	a.killRuns()
 	waitGroupEmpty(t, r.PGID)
 
 	inner := c.waitTerminal("inner2")
@@ -449,4 +461,17 @@ func TestNestedOuterLeaseShortenedInnerFollows(t *testing.T) {
 	k.wait(t)
 	wantFinal(t, c.waitTerminal("inner6"), "cancelled", "cancel", 143)
 	c.treeGone("inner6")
+}
+
+// lastEvent returns the fields of run id's last controller event name.
+func (c *ctlHarness) lastEvent(id, name string) map[string]any {
+	b, _ := os.ReadFile(c.events)
+	var last map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["run_id"] == id && m["event"] == name {
+			last = m
+		}
+	}
+	return last
 }
