@@ -179,6 +179,7 @@ func (s *supervisor) serveHandoff(h *handoffConn) {
 	if req.Op != handoff.OpRegister || !s.register(h, req) {
 		return
 	}
+	target := req.Dest + " " + req.RunID
 	for {
 		req, err := h.c.Read()
 		if err != nil {
@@ -187,7 +188,7 @@ func (s *supervisor) serveHandoff(h *handoffConn) {
 		}
 		switch req.Op {
 		case handoff.OpRenew:
-			dec := s.decideHandoff(h, handoff.OpRenew, req.RunID)
+			dec := s.decideHandoff(h, handoff.OpRenew, target)
 			if dec.Allowed() {
 				s.noteLeaseEnd(h, req.LeaseEnd)
 			}
