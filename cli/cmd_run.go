@@ -74,8 +74,9 @@ type runFlags struct {
 	onHangup     string
 	cgroup       string
 	agent        string
-	handoffGrace durationValue // -1: not given (the grace)
-	detachFD     int           // set only in the supervisor that --detach starts (detach.go)
+	detachFD     int // set only in the supervisor that --detach starts (detach.go)
+	// handoffGrace is --handoff-grace; -1: not given (the grace).
+	handoffGrace durationValue
 }
 
 func runRun(e *Env, args []string) int {
@@ -121,21 +122,21 @@ func runRun(e *Env, args []string) int {
 	defer root.Close()
 
 	cfg := wrapper.Config{
-		Root:         root,
-		ID:           id,
-		Argv:         argv,
-		Lease:        time.Duration(rf.lease),
-		Grace:        time.Duration(rf.grace),
-		Stream:       !rf.noStream,
-		OnHangup:     rf.onHangup,
-		Cgroup:       rf.cgroup,
-		Agent:        rf.agent,
-		HandoffGrace: rf.handoffGraceConfig(),
-		Stdout:       e.Stdout,
-		Stderr:       e.Stderr,
-		Diag:         e.Stderr,
-		Exiting:      e.Exits,
+		Root:     root,
+		ID:       id,
+		Argv:     argv,
+		Lease:    time.Duration(rf.lease),
+		Grace:    time.Duration(rf.grace),
+		Stream:   !rf.noStream,
+		OnHangup: rf.onHangup,
+		Cgroup:   rf.cgroup,
+		Agent:    rf.agent,
+		Stdout:   e.Stdout,
+		Stderr:   e.Stderr,
+		Diag:     e.Stderr,
+		Exiting:  e.Exits,
 	}
+	cfg.HandoffGrace = rf.handoffGraceConfig()
 	if f, ok := e.Stdin.(*os.File); ok {
 		cfg.Stdin = f
 	}
