@@ -9,7 +9,7 @@ BIN := bin/agent-wrap
 
 export CGO_ENABLED := 0
 
-.PHONY: build test deps lint demo bench dist cross package clean
+.PHONY: build test deps lint demo bench dist cross clean
 
 # What the tests need besides Go: installed as root with apt-get, else named.
 deps:
@@ -24,7 +24,7 @@ PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 freebsd/amd64
 
 # Static release builds: dist/agent-wrap-OS-ARCH for each platform and
 # dist/SHA256SUMS (`agent-wrap deploy` sends the linux ones). DISTDIR=DIR
-# builds elsewhere (the deploy and package tests do).
+# builds elsewhere (the deploy tests do).
 dist:
 	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; names=; \
 	for p in $(PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; names="$$names agent-wrap-$$os-$$arch"; \
@@ -46,30 +46,6 @@ cross:
 		pkgs=$$(GOOS=$$os GOARCH=$$arch $(GO) list -deps ./cmd/agent-wrap | grep '^$(PKG)/'); \
 		echo "+ GOOS=$$os GOARCH=$$arch $(GO) vet" $$(echo $$pkgs | sed 's|$(PKG)/|./|g'); \
 		GOOS=$$os GOARCH=$$arch $(GO) vet $$pkgs; \
-	done
-
-# .deb and .rpm packages for linux amd64 and arm64, built with nfpm (a tool
-# pinned in go.mod, not linked into agent-wrap) from packaging/nfpm.yaml:
-# the binary, the watchdog's systemd units (rendered by `install`, so they
-# are the units it installs), the man page and the shell completions (from
-# `help --man` and `completion`). PKGDIR=DIR builds elsewhere.
-package: build
-	@set -e; out='$(or $(PKGDIR),dist)'; mkdir -p "$$out"; out=$$(cd "$$out" && pwd); \
-	stage=$$(mktemp -d); trap 'rm -rf "$$stage"' EXIT; \
-	echo "+ $(BIN) install --systemd --prefix /usr --root /root/.agent-runs --dest-root STAGE"; \
-	$(BIN) --root /root/.agent-runs install --systemd --prefix /usr --dest-root "$$stage" >/dev/null; \
-	mkdir -p "$$stage/share"; \
-	$(BIN) help --man >"$$stage/share/agent-wrap.1"; gzip -n9 "$$stage/share/agent-wrap.1"; \
-	for sh in bash zsh fish; do $(BIN) completion $$sh >"$$stage/share/completion.$$sh"; done; \
-	ver=$$(echo '$(VERSION)' | sed 's/^v//; s/[^A-Za-z0-9.+~]/./g'); case $$ver in [0-9]*) ;; *) ver=0.0.0~$$ver;; esac; \
-	for arch in amd64 arm64; do \
-		echo "+ GOOS=linux GOARCH=$$arch $(GO) build -o STAGE/agent-wrap-$$arch"; \
-		GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o "$$stage/agent-wrap-$$arch" ./cmd/agent-wrap; \
-		for fmt in deb rpm; do \
-			echo "+ go tool nfpm package --packager $$fmt ($$arch, $$ver)"; \
-			STAGE="$$stage" ARCH=$$arch VERSION="$$ver" $(GO) tool nfpm package -f packaging/nfpm.yaml \
-				--packager $$fmt --target "$$out" | sed 's/^/  /'; \
-		done; \
 	done
 
 # Every test: unit, process-tree, CLI scripts and the end-to-end SSH tests.
