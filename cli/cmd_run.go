@@ -1,3 +1,5 @@
+//go:build linux
+
 package cli
 
 import (
@@ -5,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -29,31 +30,6 @@ func init() {
 			"125 agent-wrap failed before the job could start",
 		run: runRun,
 	})
-}
-
-// durationValue is a pflag value that takes a Go duration ("90s", "5m") or
-// a bare number of seconds ("30", "0.5").
-type durationValue time.Duration
-
-func (d *durationValue) String() string { return time.Duration(*d).String() }
-func (d *durationValue) Type() string   { return "duration" }
-func (d *durationValue) Set(s string) error {
-	if v, err := strconv.ParseFloat(s, 64); err == nil {
-		if v < 0 {
-			return errors.New("must not be negative")
-		}
-		*d = durationValue(time.Duration(v * float64(time.Second)))
-		return nil
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("not a duration (like 30s, 5m or a number of seconds)")
-	}
-	if v < 0 {
-		return errors.New("must not be negative")
-	}
-	*d = durationValue(v)
-	return nil
 }
 
 const runHelp = `run claims RUN_ID (the directory ROOT/RUN_ID: an ID is used once, ever),
