@@ -60,6 +60,9 @@ func runSSH(e *Env, args []string) int {
 	if len(rest) < 2 || rest[1] == "--" && len(rest) < 3 {
 		return e.usageError("ssh needs a destination and a command: ssh DEST -- CMD [ARG...]")
 	}
+	if code, bad := e.flagAfterDest(fs, args, rest); bad {
+		return code
+	}
 	dest, argv := rest[0], rest[1:]
 	if argv[0] == "--" {
 		argv = argv[1:]

@@ -55,7 +55,9 @@ type Config struct {
 }
 
 // exitCancelledBeforeLaunch is Follow's code for a run cancelled before
-// the host ever claimed it (ledger: not_started): 143, as a cancelled run.
+// the host ever claimed it (ledger: not_started): 143, as a cancelled run,
+// whichever of INT, TERM or HUP asked (a cancel after the launch is the
+// remote `cancel`, also 143).
 const exitCancelledBeforeLaunch = 143
 
 // Backoff bounds between reattach attempts: 0.2 s doubling to 5 s.
@@ -280,48 +282,7 @@ func (r *Run) Follow(ctx context.Context) int {
 			return r.unknown("stopped before the outcome was known")
 		}
 		if !r.isLaunched() {
-			if probe {
-				v, res := r.reconcile(ctx)
-				switch {
-				case res.lost():
-					r.detached(res.why())
-					b.wait(ctx)
-					continue
-				case res.code == 66 && r.cancelRequested():
-					r.settle(ledger.NotStarted, -1, "", "cancelled before the launch reached the host")
-					return exitCancelledBeforeLaunch
-				case res.code == 66:
-					probe = false // never claimed: launch again (the claim is atomic)
-				case v != nil:
-					// The lost launch did reach the host: the run is
-					// there (its record was not seen; reconcile has no pid).
-					r.running(&launchRecord{RunID: r.cfg.ID})
-					r.markLaunched()
-					continue
-				default:
-					return r.launchFailed(ctx, res.code, "")
-				}
-			}
-			if r.cancelRequested() && !probe {
-				// Cancelled before any launch could have reached the host.
-				r.settle(ledger.NotStarted, -1, "", "cancelled before the launch")
-				return exitCancelledBeforeLaunch
-			}
-			res, rec, said := r.launch(ctx)
-			switch {
-			case rec == nil && res.lost():
-				probe = true
-				r.detached(res.why())
-				b.wait(ctx)
-				continue
-			case rec == nil:
-				return r.launchFailed(ctx, res.code, said)
-			case res.lost():
-				r.detached(res.why())
-				b.wait(ctx)
-				continue
-			}
-			if code, done := r.finish(ctx, res.code); done {
+			if code, done := r.launchStep(ctx, &b, &probe); done {
 				return code
 			}
 			continue
@@ -377,9 +338,11 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	}()
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
-	res := r.h.call(ctx, line, pw, r.errw)
+	errw := r.newLaunchStderr()
+	res := r.h.call(ctx, line, pw, errw)
 	pw.Close()
 	<-done
+	res.early = errw.end()
 	if said.Len() > 0 {
 		// What the host said before (or instead of) a record: agent-wrap's
 		// messages, or the shell's (command not found). Not the job's, so
@@ -713,8 +676,11 @@ func (r *Run) giveUp() int {
 		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); the run was never seen to start", r.cfg.Dest, r.cfg.GiveUp)
 	}
 	r.update(func(l *ledger.Record) {
-		if l.State != ledger.Launching {
-			l.State = ledger.Detached
+		// The same whatever signals arrived: launching for a run never
+		// seen to start (settle may find it not started), else detached.
+		l.State = ledger.Detached
+		if !r.isLaunched() {
+			l.State = ledger.Launching
 		}
 		l.Reason = reason
 		l.ControllerPID, l.ControllerStart = 0, 0

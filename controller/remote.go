@@ -271,8 +271,12 @@ func removeSSHLogs(l *ledger.Ledger, id string) {
 // callResult is how one remote call ended.
 type callResult struct {
 	code   int    // the remote command's exit status; 255 when ssh failed; -1 when killed
-	sshLog string // what ssh itself said (its -E log), trimmed
+	sshLog string // what ssh itself said (its -E log): the last line that tells why
 	err    error  // the client could not be started
+	// For what the launch phase judges (see launchfail.go and precancel.go):
+	fullLog string // the whole -E log
+	noLog   bool   // ssh (OpenSSH) left no -E log: it ended before it opened one
+	early   string // a launch's stderr before the run's record (ssh's own words, not the job's)
 }
 
 // lost reports whether the call failed as a connection: ssh's 255, or the
@@ -303,7 +307,7 @@ var callSeq atomic.Int64
 // (clientAttr and guardClient: orphan.go).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
 	<-h.probed
-	args := append([]string{}, h.rsh[1:]...)
+	args := append(logLevelOpts(h.rsh), h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	var logPath string
 	if isSSH(h.rsh) {
@@ -337,12 +341,10 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 		res.code, res.err = 255, err
 	}
 	if logPath != "" {
-		if b, err := os.ReadFile(logPath); err == nil {
-			res.sshLog = strings.TrimSpace(string(b))
-			if i := strings.LastIndexByte(res.sshLog, '\n'); i >= 0 {
-				res.sshLog = res.sshLog[i+1:]
-			}
-		}
+		b, err := os.ReadFile(logPath)
+		res.noLog = err != nil
+		res.fullLog = string(b)
+		res.sshLog = sshReason(res.fullLog)
 		os.Remove(logPath)
 	}
 	return res
