@@ -42,6 +42,12 @@ type Config struct {
 	Events io.Writer      // controller events as JSON lines; nil: none
 	Stdout io.Writer      // the job's stdout; required
 	Stderr io.Writer      // the job's stderr; required
+	// Control is the outer wrapper's control socket when the controller
+	// runs inside a run (the job's AGENT_WRAP_CONTROL), and OuterRunID that
+	// run's ID (AGENT_WRAP_RUN_ID): the run is then a handoff of the outer
+	// run, bounded by it (nested.go). "": not inside a run.
+	Control    string
+	OuterRunID string
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
@@ -82,6 +88,7 @@ type Run struct {
 	cancelFinal atomic.Pointer[finalWord]
 	lostSaid    atomic.Bool // the current loss was said; cleared when attached
 	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
+	nest        *nested     // the outer run, inside a run (nested.go); set before Follow's goroutines
 }
 
 // ID returns the run ID.
@@ -251,6 +258,10 @@ func (r *Run) progress() {
 // exit code for the controller: the run's, or 255 when unknown.
 func (r *Run) Follow(ctx context.Context) int {
 	defer r.h.close()
+	if code, refused := r.registerNested(); refused {
+		return code
+	}
+	defer r.endNested() // last: the outcome is settled by then
 	ctx, stop := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer bg.Wait() // after stop: the renewals and the cancel end with ctx
@@ -345,6 +356,9 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	lease := "0"
 	if r.cfg.Lease > 0 {
 		lease = r.cfg.Lease.String()
+	}
+	if l := r.nestedLaunchLease(); l != "" {
+		lease = l
 	}
 	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String(), r.cfg.ID, "--"}, r.argv...)
 	// --from before the ID: an agent-wrap too old to know attach reads
@@ -729,8 +743,18 @@ func (r *Run) renewLoop(ctx context.Context) {
 		case <-t.C:
 		case <-r.renewNow:
 		}
+		nl, ok, why := r.nestedRenewal()
+		if !ok {
+			r.renewFailed.Store(true)
+			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": why})
+			return
+		}
+		words := []string{"renew", r.cfg.ID}
+		if nl > 0 {
+			words = []string{"renew", "--lease", nl.String(), r.cfg.ID}
+		}
 		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote("renew", r.cfg.ID), &out, &errb)
+		res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote(words...), &out, &errb)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -738,6 +762,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 			r.lastRenew.Store(time.Now().UnixNano())
 			r.ev.emit(EvRenewed, nil)
 			r.attached()
+			r.nestedRenewed(nl)
 		case res.lost():
 			r.ev.emit(EvRenewFailed, map[string]any{"reason": "unreachable", "error": res.why()})
 		default:

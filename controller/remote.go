@@ -300,8 +300,7 @@ var callSeq atomic.Int64
 // stderr. The client runs in a process group of its own, so a terminal's ^C
 // reaches the controller, not its connections; ctx ending kills that group
 // (ssh and its ProxyCommand), and the controller's death kills ssh
-// (PR_SET_PDEATHSIG; Go never ends the OS thread that forked it, as nothing
-// here locks one).
+// (clientAttr and guardClient: orphan.go).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
 	<-h.probed
 	args := append([]string{}, h.rsh[1:]...)
@@ -316,15 +315,18 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client
-	// behind to launch or act later, behind the back of a settle.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// behind to launch or act later, behind the back of a settle
+	// (orphan.go says how, system by system).
+	cmd.SysProcAttr = clientAttr()
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}
 	pid := cmd.Process.Pid
+	release := guardClient(pid)
 	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
 	err := cmd.Wait()
 	stop()
+	release()
 	res := callResult{}
 	var ee *exec.ExitError
 	switch {
