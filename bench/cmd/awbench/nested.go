@@ -43,16 +43,10 @@ func (r *runner) nestedFigure() (err error) {
 		return err
 	}
 	ledgerDir := filepath.Join(r.scratch, "nested-ledger")
-	cm := filepath.Join(r.scratch, "cm-nested")
-	sshArgs := append(srv.SSHArgs(), "-o", "ControlPath="+cm)
-	master := exec.Command("ssh", append(append([]string{}, sshArgs...), "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-N", "-f", "--", srv.Destination())...)
-	if out, err := master.CombinedOutput(); err != nil {
-		return fmt.Errorf("ControlMaster: %v: %s", err, out)
+	_, rsh, err := r.sshMaster(srv, "cm-nested")
+	if err != nil {
+		return err
 	}
-	r.onCleanup(func() {
-		exec.Command("ssh", append(append([]string{}, sshArgs...), "-O", "exit", "--", srv.Destination())...).Run()
-	})
-	rsh := sshtest.Quote(append([]string{"ssh"}, sshArgs...)...)
 	ctlArgv := func(id string, argv ...string) []string {
 		args := []string{r.bin, "ssh", "--rsh", rsh, "--remote-bin", r.bin, "--remote-root", innerRoot, "--ledger", ledgerDir,
 			"--id", id, "--lease", "60s", "--grace", "2s", srv.Destination(), "--"}
