@@ -24,15 +24,7 @@ import (
 //     confirmed remote cancel, without the outer run around it).
 func (r *runner) nestedFigure() (err error) {
 	tb := &benchTB{r: r}
-	defer func() {
-		if p := recover(); p != nil {
-			if f, ok := p.(benchFatal); ok {
-				err = f
-				return
-			}
-			panic(p)
-		}
-	}()
+	defer catchFatal(&err)
 	srv := sshtest.Start(tb)
 	outerRoot, err := r.newRoot("nested-outer")
 	if err != nil {
