@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // The controller's own OpenSSH ControlMasters (--mux auto): every call to
@@ -28,24 +30,33 @@ import (
 //     user's ($AGENT_WRAP_MUX_DIR, else $XDG_RUNTIME_DIR/agent-wrap-mux,
 //     else /tmp/agent-wrap-mux-UID), HASH naming the rsh words and the
 //     destination (two configurations never share a master), N the slot.
+//     Beside it HASH.N.pid (the master's PID and start time, as `ssh -O
+//     check` reports it) and HASH.N.log (its -E log).
 //   - Who starts one: the first call that finds no master with room, under
 //     an flock on DIR/HASH.lock, so that the controllers of one machine
 //     start one master at a time per destination (a burst of runs never
 //     meets sshd's MaxStartups). `ssh -M -N -o ControlPersist=60` returns
 //     once the master is up; it lives on in the background, shared by
 //     every controller process of the user on this machine.
-//   - Who stops it: itself, 60 s after its last session ended
-//     (ControlPersist), or `ssh -O exit` with its socket. Never by name.
+//   - Who stops it: the last controller process using the destination.
+//     Each holds a shared flock on DIR/HASH.users while it has runs there;
+//     when its last run ends it lets go and takes that lock exclusively if
+//     it can (no other controller uses the destination), and then ends
+//     every master with `ssh -O exit` on its socket (and, if one lingers,
+//     SIGKILL to its recorded PID, checked against its start time). Never
+//     by name. A controller killed with KILL stops nothing: its masters
+//     end 60 s after their last session (ControlPersist).
 //   - A full master (sshd's MaxSessions reached: "session request failed")
 //     is answered by trying the next, and by starting a new one when every
 //     master is full. A dead one (its socket refuses or is gone) is
 //     replaced at once. Both are known before the remote command ran: the
 //     clients carry -o ProxyCommand=false, so a client whose master cannot
 //     take the session fails at once instead of falling back to a
-//     connection of its own (see muxClientOpts).
+//     connection of its own (see clientOpts). A user's ProxyJump (-J)
+//     cannot be combined with that ProxyCommand: there is no mux then.
 //   - A master that dies mid-run ends its sessions (ssh exits 255): to
-//     Follow that is a lost connection, and the reattach's call finds the
-//     socket dead and replaces the master.
+//     Follow that is a lost connection, and the reattach's call (at once,
+//     see backoff) finds the socket dead and replaces the master.
 
 // Mux modes of Config.Mux.
 const (
@@ -53,7 +64,8 @@ const (
 	MuxOff  = "off"  // one connection per call, as the rsh makes it
 )
 
-// muxPersist is how long a master outlives its last session.
+// muxPersist is how long a master outlives its last session: the bound on
+// a master of controllers that were all killed.
 const muxPersist = "60"
 
 // maxMasters bounds the masters per destination; past it, calls make
@@ -68,16 +80,23 @@ const fullFor = 2 * time.Second
 type mux struct {
 	base  string // DIR/HASH; sockets are base.N
 	guard bool   // clients carry ProxyCommand=false (not with a user's ProxyJump)
+	ssh   string // the rsh's program, for -O commands
 
-	mu   sync.Mutex
-	full map[int]time.Time // slot -> passed over until
-	next int               // rotates the first slot tried
+	mu    sync.Mutex
+	full  map[int]time.Time // slot -> passed over until
+	next  int               // rotates the first slot tried
+	refs  int               // this process's hosts using the masters
+	users *os.File          // HASH.users, flocked shared while refs > 0
 }
 
-var muxes sync.Map // base -> *mux
+var (
+	muxesMu sync.Mutex
+	muxes   = map[string]*mux{} // base -> mux
+)
 
 // MuxDir returns the default directory of the masters' sockets:
-// $XDG_RUNTIME_DIR/agent-wrap-mux, else /tmp/agent-wrap-mux-UID.
+// $AGENT_WRAP_MUX_DIR, else $XDG_RUNTIME_DIR/agent-wrap-mux, else
+// /tmp/agent-wrap-mux-UID.
 func MuxDir(getenv func(string) string) string {
 	if d := getenv("AGENT_WRAP_MUX_DIR"); d != "" {
 		return d
@@ -118,20 +137,36 @@ const maxSocketPath = 103 - 17
 // ControlMaster) of their own. It reports whether it did; an unusable dir
 // is an error.
 func (h *host) useMux(dir string) (bool, error) {
-	if !isSSH(h.rsh) || setsControl(h.rsh, h.dest) {
+	if !isSSH(h.rsh) || setsControl(h.rsh, h.dest) || setsJump(h.rsh) {
 		return false, nil
 	}
 	if err := privateDir(dir); err != nil {
 		return false, fmt.Errorf("%w: the ControlMaster socket directory: %w", ErrMux, err)
 	}
-	sum := sha256.Sum256([]byte(strings.Join(append(append([]string{}, h.rsh...), "\x00", h.dest), "\x00")))
-	base := filepath.Join(dir, strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:10])))
+	base := filepath.Join(dir, hashWords(append(append([]string{}, h.rsh...), "\x00", h.dest)))
 	if len(base)+3 > maxSocketPath {
 		return false, fmt.Errorf("%w: the ControlMaster socket directory %s is too long for a socket path (at most %d bytes)", ErrMux, dir, maxSocketPath-20)
 	}
-	m, _ := muxes.LoadOrStore(base, &mux{base: base, guard: !setsJump(h.rsh), full: map[int]time.Time{}})
-	h.mux = m.(*mux)
+	muxesMu.Lock()
+	m := muxes[base]
+	if m == nil {
+		m = &mux{base: base, guard: true, ssh: h.rsh[0], full: map[int]time.Time{}}
+		muxes[base] = m
+	}
+	muxesMu.Unlock()
+	if err := m.acquire(); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrMux, err)
+	}
+	h.mux = m
+	h.batch = newRenewBatch(dir, h)
 	return true, nil
+}
+
+// hashWords names a set of words in a file name: 16 base32 characters of
+// their SHA-256.
+func hashWords(words []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(words, "\x00")))
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:10]))
 }
 
 // setsControl reports whether the user's ssh setup names a ControlPath or
@@ -139,7 +174,7 @@ func (h *host) useMux(dir string) (bool, error) {
 func setsControl(rsh []string, dest string) bool {
 	for _, w := range rsh[1:] {
 		lw := strings.ToLower(w)
-		if strings.Contains(lw, "controlpath") || strings.Contains(lw, "controlmaster") || w == "-S" || w == "-M" || strings.HasPrefix(w, "-S") {
+		if strings.Contains(lw, "controlpath") || strings.Contains(lw, "controlmaster") || socketFlag.MatchString(w) || w == "-M" {
 			return true
 		}
 	}
@@ -162,8 +197,8 @@ func setsControl(rsh []string, dest string) bool {
 	return false
 }
 
-// setsJump reports whether the rsh words name a jump host (ssh refuses
-// -J together with the ProxyCommand the guard adds).
+// setsJump reports whether the rsh words name a jump host: ssh refuses -J
+// together with the ProxyCommand the clients carry.
 func setsJump(rsh []string) bool {
 	for _, w := range rsh[1:] {
 		if strings.HasPrefix(w, "-J") || strings.Contains(strings.ToLower(w), "proxyjump") {
@@ -175,25 +210,20 @@ func setsJump(rsh []string) bool {
 
 func (m *mux) sock(slot int) string { return m.base + "." + strconv.Itoa(slot) }
 
-// muxClientOpts are a session client's options, placed before the user's
+// clientOpts are a session client's options, placed before the user's
 // words (ssh takes the first value it is given). ControlMaster=no: a client
 // never becomes a master by itself. ProxyCommand=false: a client whose
 // master refuses the session (full, or dead) fails at once, before any
 // command ran, instead of opening a connection of its own.
-func (m *mux) muxClientOpts(slot int) []string {
-	o := []string{"-o", "ControlMaster=no", "-o", "ControlPath=" + m.sock(slot), "-o", "LogLevel=ERROR"}
-	if m.guard {
-		o = append(o, "-o", "ProxyCommand=false")
-	}
-	return o
+func (m *mux) clientOpts(slot int) []string {
+	return []string{"-o", "ControlMaster=no", "-o", "ControlPath=" + m.sock(slot), "-o", "ProxyCommand=false"}
 }
 
-// Markers of a session that never started, in a client's -E log (at
-// LogLevel ERROR, which the clients carry).
+// Markers of a session that never started, in a client's -E log.
 const (
 	// The master's sshd refused the channel (MaxSessions).
 	markFull = "session request failed"
-	// The guard's ProxyCommand=false failed: the client could not have its
+	// The ProxyCommand=false failed: the client could not have its
 	// session from the master (full, dead or gone) and tried a connection
 	// of its own. A client that had its session never does a key exchange.
 	markFallback = "kex_exchange_identification"
@@ -213,12 +243,13 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.
 		if slot < 0 {
 			break // every master is full: a connection of its own
 		}
-		r := h.exec(ctx, m.muxClientOpts(slot), line, stdout, stderr)
-		if r.code != 255 || ctx.Err() != nil {
+		r := h.exec(ctx, m.clientOpts(slot), line, stdout, stderr)
+		if r.code != 255 || ctx.Err() != nil || !strings.Contains(r.fullLog, markFallback) {
+			// The session ran, or may have: its result. A session on a
+			// master has no login of its own, so no "Authenticated to"
+			// line can say the command was not sent (mayHaveSent).
+			r.viaMux = true
 			return r
-		}
-		if !m.guard || !strings.Contains(r.fullLog, markFallback) {
-			return r // the session ran (or nothing can tell): its result
 		}
 		if strings.Contains(r.fullLog, markFull) {
 			m.markFull(slot)
@@ -279,9 +310,14 @@ func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool) (int, *call
 			return s, nil
 		}
 	}
-	unlock, err := lockFile(ctx, m.base+".lock")
+	unlock, err := lockFile(ctx, m.base+".lock", syscall.LOCK_EX)
 	if err != nil {
-		return 0, &callResult{code: -1, err: err}
+		// Nothing was sent: no client was started.
+		res := callResult{code: 255, sshLog: "the ControlMaster lock: " + err.Error(), noLog: true}
+		if ctx.Err() != nil {
+			res.code = -1
+		}
+		return 0, &res
 	}
 	defer unlock()
 	// Another caller may have started one while we waited.
@@ -305,25 +341,29 @@ func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool) (int, *call
 }
 
 // start starts the master of slot: `ssh -M -N -o ControlPersist=...`, which
-// returns once it is up and leaves it in the background (in a session of
-// its own, outside the controller's process group). Its -E log is
-// base.N.log, replaced at each start.
+// returns once it is up and leaves it in the background. Its -E log is
+// base.N.log, replaced at each start; its PID goes to base.N.pid.
 func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	logPath := m.sock(slot) + ".log"
 	os.Remove(logPath)
-	args := []string{"-o", "ControlMaster=yes", "-o", "ControlPath=" + m.sock(slot), "-o", "ControlPersist=" + muxPersist}
+	os.Remove(m.sock(slot) + ".pid")
+	args := append(logLevelOpts(h.rsh), "-o", "ControlMaster=yes", "-o", "ControlPath="+m.sock(slot), "-o", "ControlPersist="+muxPersist)
 	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	args = append(args, "-E", logPath, "-N", "--", h.dest)
 	cmd := exec.Command(h.rsh[0], args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Until it forks into the background, as a client: its own group, and
+	// it dies with the controller (orphan.go).
+	cmd.SysProcAttr = clientAttr()
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}
 	pid := cmd.Process.Pid
+	release := guardClient(pid)
 	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
 	err := cmd.Wait()
 	stop()
+	release()
 	res := callResult{}
 	var ee *exec.ExitError
 	switch {
@@ -333,19 +373,136 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 		}
 	case errors.As(err, &ee):
 		res.code = ee.ExitCode()
-		if res.code != 255 && res.code != -1 {
+		if res.code != -1 {
 			res.code = 255 // the master runs no remote command: any failure is ssh's
 		}
 	default:
 		res.code, res.err = 255, err
 	}
-	if res.code != 0 {
-		if b, err := os.ReadFile(logPath); err == nil {
-			res.fullLog = string(b)
-			res.sshLog = lastLogLine(res.fullLog)
+	b, lerr := os.ReadFile(logPath)
+	res.noLog = lerr != nil
+	if res.code != 0 || res.err != nil {
+		res.fullLog = string(b)
+		if s := sshReason(res.fullLog); s != "" {
+			res.sshLog = s
 		}
+		return res
 	}
+	m.recordPID(slot)
 	return res
+}
+
+// recordPID writes base.N.pid: "PID START", the master's PID as `ssh -O
+// check` reports it and its start time, so that it can be told apart from
+// a later process of the same PID.
+func (m *mux) recordPID(slot int) {
+	out, _ := exec.Command(m.ssh, "-F", "/dev/null", "-o", "ControlPath="+m.sock(slot), "-O", "check", "agent-wrap-mux").CombinedOutput()
+	s := string(out)
+	i := strings.Index(s, "(pid=")
+	if i < 0 {
+		return
+	}
+	s = s[i+5:]
+	pid, err := strconv.Atoi(s[:strings.IndexByte(s+")", ')')])
+	if err != nil {
+		return
+	}
+	st, err := proc.ReadStat(pid)
+	if err != nil {
+		return
+	}
+	_ = os.WriteFile(m.sock(slot)+".pid", []byte(fmt.Sprintf("%d %d\n", pid, st.Start)), 0o600)
+}
+
+// acquire counts one more host of this process on the masters, taking the
+// destination's users lock (shared) for the first.
+func (m *mux) acquire() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refs == 0 {
+		f, err := os.OpenFile(m.base+".users", os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return err
+		}
+		// Blocking: an exclusive holder only stops the masters, briefly.
+		if err := flockRetry(f, syscall.LOCK_SH); err != nil {
+			f.Close()
+			return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
+		}
+		m.users = f
+	}
+	m.refs++
+	return nil
+}
+
+// release counts one host fewer; after the last, the masters are stopped
+// when no other controller process uses them (see the file comment).
+func (m *mux) release() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refs--; m.refs > 0 {
+		return
+	}
+	f := m.users
+	m.users = nil
+	defer f.Close()
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		return // another controller uses them: its to stop
+	}
+	m.stopAll()
+	m.full = map[int]time.Time{}
+}
+
+// stopAll ends every master of the destination: `ssh -O exit` on its
+// socket, then SIGKILL to its recorded PID if it lingers (checked against
+// its start time). Called with the users lock held exclusively.
+func (m *mux) stopAll() {
+	names, _ := filepath.Glob(m.base + ".*")
+	for _, n := range names {
+		i, err := strconv.Atoi(strings.TrimPrefix(n, m.base+"."))
+		if err != nil || i < 0 || i >= maxMasters {
+			continue
+		}
+		p := m.sock(i)
+		if sockAlive(p) {
+			_ = exec.Command(m.ssh, "-F", "/dev/null", "-o", "ControlPath="+p, "-O", "exit", "agent-wrap-mux").Run()
+		}
+		if pid, start, ok := readPIDFile(p + ".pid"); ok {
+			deadline := time.Now().Add(2 * time.Second)
+			for sameProcess(pid, start) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if sameProcess(pid, start) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		os.Remove(p)
+		os.Remove(p + ".pid")
+		os.Remove(p + ".log")
+	}
+}
+
+// readPIDFile reads "PID START" from path.
+func readPIDFile(path string) (pid int, start uint64, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0, false
+	}
+	pid, err1 := strconv.Atoi(f[0])
+	start, err2 := strconv.ParseUint(f[1], 10, 64)
+	return pid, start, err1 == nil && err2 == nil && pid > 0
+}
+
+// sameProcess reports whether pid is alive and still the process that
+// started at start.
+func sameProcess(pid int, start uint64) bool {
+	st, err := proc.ReadStat(pid)
+	return err == nil && !st.Dead() && st.Start == start
 }
 
 // sockAlive reports whether a master listens on the socket at path.
@@ -358,15 +515,15 @@ func sockAlive(path string) bool {
 	return true
 }
 
-// lockFile takes an exclusive flock on path (created 0600), waiting until
-// ctx ends. unlock releases it.
-func lockFile(ctx context.Context, path string) (func(), error) {
+// lockFile takes an flock (how: LOCK_EX or LOCK_SH) on path (created 0600),
+// waiting until ctx ends. unlock releases it.
+func lockFile(ctx context.Context, path string, how int) (func(), error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if err == nil {
 			return func() { f.Close() }, nil
 		}
@@ -381,6 +538,16 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 			f.Close()
 			return nil, ctx.Err()
 		case <-t.C:
+		}
+	}
+}
+
+// flockRetry is a blocking flock that retries on EINTR.
+func flockRetry(f *os.File, how int) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), how)
+		if !errors.Is(err, syscall.EINTR) {
+			return err
 		}
 	}
 }
@@ -406,29 +573,4 @@ func privateDir(dir string) error {
 		return fmt.Errorf("%s has mode %04o, open to group or others", dir, fi.Mode().Perm())
 	}
 	return nil
-}
-
-// StopMasters ends every master whose socket is in dir, with `ssh -O exit`
-// on its socket (never by name), and reports how many it stopped.
-func StopMasters(dir string) int {
-	names, _ := filepath.Glob(filepath.Join(dir, "*.*"))
-	n := 0
-	for _, p := range names {
-		fi, err := os.Lstat(p)
-		if err != nil || fi.Mode()&os.ModeSocket == 0 {
-			continue
-		}
-		if exec.Command("ssh", "-o", "ControlPath="+p, "-O", "exit", "agent-wrap-mux").Run() == nil {
-			n++
-		}
-	}
-	return n
-}
-
-func lastLogLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		return s[i+1:]
-	}
-	return s
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -223,6 +224,8 @@ type host struct {
 	probed    chan struct{} // closed once keepalive is known
 	tmpdir    string        // where ssh's -E logs go
 	mux       *mux          // agent-wrap's ControlMasters for dest, or nil (see useMux)
+	batch     *renewBatch   // renewals batched with the other runs to dest, or nil (renewbatch.go)
+	closeOnce sync.Once
 }
 
 // newHost checks rsh and prepares the calls' options and log directory:
@@ -253,7 +256,14 @@ func (h *host) noKeepalive() {
 	h.keepalive = nil
 }
 
-func (h *host) close() { os.RemoveAll(h.tmpdir) }
+func (h *host) close() {
+	h.closeOnce.Do(func() {
+		os.RemoveAll(h.tmpdir)
+		if h.mux != nil {
+			h.mux.release()
+		}
+	})
+}
 
 // sshLogPrefix is how the names of run id's ssh log directories in the
 // ledger begin. The leading dot keeps them out of the ledger's listing
@@ -271,10 +281,14 @@ func removeSSHLogs(l *ledger.Ledger, id string) {
 
 // callResult is how one remote call ended.
 type callResult struct {
-	code    int    // the remote command's exit status; 255 when ssh failed; -1 when killed
-	sshLog  string // what ssh itself said (its -E log): the last line
-	fullLog string // all of that log
-	err     error  // the client could not be started
+	code   int    // the remote command's exit status; 255 when ssh failed; -1 when killed
+	sshLog string // what ssh itself said (its -E log): the last line that tells why
+	err    error  // the client could not be started
+	// For what the launch phase judges (see launchfail.go and precancel.go):
+	fullLog string // the whole -E log
+	noLog   bool   // ssh (OpenSSH) left no -E log: it ended before it opened one
+	early   string // a launch's stderr before the run's record (ssh's own words, not the job's)
+	viaMux  bool   // a session on one of agent-wrap's masters (mux.go): no login of its own
 }
 
 // lost reports whether the call failed as a connection: ssh's 255, or the
@@ -302,8 +316,7 @@ var callSeq atomic.Int64
 // stderr. The client runs in a process group of its own, so a terminal's ^C
 // reaches the controller, not its connections; ctx ending kills that group
 // (ssh and its ProxyCommand), and the controller's death kills ssh
-// (PR_SET_PDEATHSIG; Go never ends the OS thread that forked it, as nothing
-// here locks one).
+// (clientAttr and guardClient: orphan.go).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
 	<-h.probed
 	if h.mux != nil {
@@ -312,9 +325,9 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	return h.exec(ctx, nil, line, stdout, stderr)
 }
 
-// exec is one client: `RSH[0] first... RSH[1:]... [opts] DEST LINE`.
+// exec is one client: `RSH[0] [LogLevel] first... RSH[1:]... [opts] DEST LINE`.
 func (h *host) exec(ctx context.Context, first []string, line string, stdout, stderr io.Writer) callResult {
-	args := append([]string{}, first...)
+	args := append(logLevelOpts(h.rsh), first...)
 	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	var logPath string
@@ -327,15 +340,18 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdout, st
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client
-	// behind to launch or act later, behind the back of a settle.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// behind to launch or act later, behind the back of a settle
+	// (orphan.go says how, system by system).
+	cmd.SysProcAttr = clientAttr()
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}
 	pid := cmd.Process.Pid
+	release := guardClient(pid)
 	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
 	err := cmd.Wait()
 	stop()
+	release()
 	res := callResult{}
 	var ee *exec.ExitError
 	switch {
@@ -346,10 +362,10 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdout, st
 		res.code, res.err = 255, err
 	}
 	if logPath != "" {
-		if b, err := os.ReadFile(logPath); err == nil {
-			res.fullLog = string(b)
-			res.sshLog = lastLogLine(res.fullLog)
-		}
+		b, err := os.ReadFile(logPath)
+		res.noLog = err != nil
+		res.fullLog = string(b)
+		res.sshLog = sshReason(res.fullLog)
 		os.Remove(logPath)
 	}
 	return res

@@ -30,9 +30,9 @@ type ctlHarness struct {
 	events string
 }
 
-func newCtlHarness(t *testing.T) *ctlHarness {
+func newCtlHarness(t *testing.T, opts ...sshtest.Option) *ctlHarness {
 	t.Helper()
-	h := newHarness(t)
+	h := newHarness(t, opts...)
 	dir := t.TempDir()
 	return &ctlHarness{
 		harness: h,
@@ -64,21 +64,37 @@ type ctl struct {
 // start runs `agent-wrap ssh` with flags for run id and argv.
 func (c *ctlHarness) start(id string, flags []string, argv ...string) *ctl {
 	c.t.Helper()
+	return c.startTo(c.srv.Destination(), id, flags, argv...)
+}
+
+// startTo is start with the destination dest.
+func (c *ctlHarness) startTo(dest, id string, flags []string, argv ...string) *ctl {
+	c.t.Helper()
 	args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", bin, "--remote-root", c.root,
 		"--ledger", c.ledger, "--events", c.events, "--id", id}
 	args = append(args, flags...)
-	args = append(args, c.srv.Destination(), "--")
+	args = append(args, dest, "--")
 	args = append(args, argv...)
+	return startCtl(c.t, args)
+}
+
+// startCtl starts bin with args in a process group of its own, its output
+// kept; cleanup kills it if it still runs.
+func startCtl(t *testing.T, args []string) *ctl {
+	t.Helper()
 	k := &ctl{done: make(chan struct{})}
 	k.cmd = exec.Command(bin, args...)
+	// The controller's ControlMasters (--mux auto) in a directory of this
+	// test's, not the user's machine-wide one.
+	k.cmd.Env = append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t))
 	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
 	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := k.cmd.Start(); err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	go func() { k.err = k.cmd.Wait(); close(k.done) }()
-	c.t.Cleanup(func() {
+	t.Cleanup(func() {
 		select {
 		case <-k.done:
 		default:
@@ -231,4 +247,22 @@ func childrenOf(pid int) []pstat {
 		}
 	}
 	return out
+}
+
+var muxDirs sync.Map // *testing.T -> its AGENT_WRAP_MUX_DIR
+
+// muxDirFor returns t's directory for the controllers' ControlMaster
+// sockets: short (a socket path is at most 104 bytes on some systems),
+// mode 0700, removed at the end of the test.
+func muxDirFor(t *testing.T) string {
+	if d, ok := muxDirs.Load(t); ok {
+		return d.(string)
+	}
+	d, err := os.MkdirTemp("", "awmux-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	muxDirs.Store(t, d)
+	t.Cleanup(func() { os.RemoveAll(d); muxDirs.Delete(t) })
+	return d
 }

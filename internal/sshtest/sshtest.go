@@ -116,12 +116,23 @@ type Server struct {
 	pid     int
 	start   uint64        // sshd's start time, clock ticks since boot
 	done    chan struct{} // closed once cmd.Wait has returned
+
+	defaultLimits bool // see DefaultLimits
 }
+
+// Option changes the server Start starts.
+type Option func(*Server)
+
+// DefaultLimits leaves sshd's per-connection session limit (MaxSessions
+// 10) and its throttling of unauthenticated connections (MaxStartups
+// 10:30:100) at OpenSSH's defaults, as a real host has them. Without it
+// both are 100, so that tests that open many connections are not refused.
+func DefaultLimits(s *Server) { s.defaultLimits = true }
 
 // Start starts an sshd for this test and returns once a login works. See the
 // package doc for what it guarantees. It calls t.Skip or t.Fatal (see above)
 // when OpenSSH is not installed.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	if err := checkTools(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -146,6 +157,9 @@ func Start(t testing.TB) *Server {
 		key:     filepath.Join(dir, "id_ed25519"),
 		user:    u.Username,
 		logPath: filepath.Join(dir, "sshd.log"),
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	hostKey := filepath.Join(dir, "ssh_host_ed25519_key")
 	keygen(t, hostKey, "sshtest-host")
@@ -251,8 +265,9 @@ func (s *Server) config(hostKey, authKeys string) string {
 		"PrintLastLog no",
 		"UseDNS no",
 		"LogLevel VERBOSE",
-		"MaxStartups 100",
-		"MaxSessions 100",
+	}
+	if !s.defaultLimits {
+		lines = append(lines, "MaxStartups 100", "MaxSessions 100")
 	}
 	return strings.Join(lines, "\n") + "\n"
 }
