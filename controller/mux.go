@@ -72,8 +72,13 @@ const muxPersist = "60"
 // connections of their own.
 const maxMasters = 64
 
-// fullFor is how long a master that refused a session is passed over.
-const fullFor = 2 * time.Second
+// fullFor is how long a master that refused a session is passed over;
+// suspectFor, one whose session was lost or killed (about the time the
+// default keepalives take to notice a dead connection).
+const (
+	fullFor    = 2 * time.Second
+	suspectFor = 30 * time.Second
+)
 
 // mux is the set of masters of one destination (one rsh and dest), shared
 // by every run of this process that goes there.
@@ -83,7 +88,7 @@ type mux struct {
 	ssh   string // the rsh's program, for -O commands
 
 	mu    sync.Mutex
-	full  map[int]time.Time // slot -> passed over until
+	full  map[int]time.Time // slot -> passed over until (full or suspect)
 	next  int               // rotates the first slot tried
 	refs  int               // this process's hosts using the masters
 	users *os.File          // HASH.users, flocked shared while refs > 0
@@ -219,6 +224,10 @@ func (m *mux) clientOpts(slot int) []string {
 	return []string{"-o", "ControlMaster=no", "-o", "ControlPath=" + m.sock(slot), "-o", "ProxyCommand=false"}
 }
 
+// muxWaitDelay bounds how long a call waits for its session's pipes
+// after its client exited: the master closes them as the session ends.
+const muxWaitDelay = time.Second
+
 // Markers of a session that never started, in a client's -E log.
 const (
 	// The master's sshd refused the channel (MaxSessions).
@@ -244,15 +253,26 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.
 			break // every master is full: a connection of its own
 		}
 		r := h.exec(ctx, m.clientOpts(slot), line, stdout, stderr)
+		if r.lost() && !strings.Contains(r.fullLog, markFallback) {
+			// A session lost, or killed by its caller (a cancel, a
+			// timeout): its master may be dead or stuck (a network that
+			// went silent under it, which its keepalives notice only
+			// later). The next calls of this process go to another master,
+			// a new one if need be, and are not held up by it.
+			m.avoid(slot, suspectFor)
+		}
 		if r.code != 255 || ctx.Err() != nil || !strings.Contains(r.fullLog, markFallback) {
 			// The session ran, or may have: its result. A session on a
 			// master has no login of its own, so no "Authenticated to"
 			// line can say the command was not sent (mayHaveSent).
 			r.viaMux = true
+			if r.code == 255 && r.sshLog == "" {
+				r.sshLog = "the session's ssh ControlMaster ended"
+			}
 			return r
 		}
 		if strings.Contains(r.fullLog, markFull) {
-			m.markFull(slot)
+			m.avoid(slot, fullFor)
 			tried[slot] = true
 			continue
 		}
@@ -266,9 +286,12 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.
 	return h.exec(ctx, nil, line, stdout, stderr)
 }
 
-func (m *mux) markFull(slot int) {
+// avoid passes slot over for d in this process.
+func (m *mux) avoid(slot int, d time.Duration) {
 	m.mu.Lock()
-	m.full[slot] = time.Now().Add(fullFor)
+	if until := time.Now().Add(d); until.After(m.full[slot]) {
+		m.full[slot] = until
+	}
 	m.mu.Unlock()
 }
 
@@ -353,7 +376,15 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	args = append(args, "-E", logPath, "-N", "--", h.dest)
 	cmd := exec.Command(h.rsh[0], args...)
 	// Until it forks into the background, as a client: its own group, and
-	// it dies with the controller (orphan.go).
+	// it dies with the controller (orphan.go). Its stderr is a file: an
+	// error on its command line is said there, before it opens its log
+	// (and a pipe would be held open by the master in the background).
+	errf, err := os.CreateTemp(h.tmpdir, "master-stderr-")
+	if err != nil {
+		return callResult{code: 255, err: err}
+	}
+	defer func() { errf.Close(); os.Remove(errf.Name()) }()
+	cmd.Stderr = errf
 	cmd.SysProcAttr = clientAttr()
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
@@ -361,7 +392,7 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	pid := cmd.Process.Pid
 	release := guardClient(pid)
 	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
-	err := cmd.Wait()
+	err = cmd.Wait()
 	stop()
 	release()
 	res := callResult{}
@@ -383,6 +414,14 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	res.noLog = lerr != nil
 	if res.code != 0 || res.err != nil {
 		res.fullLog = string(b)
+		if e, _ := os.ReadFile(errf.Name()); len(e) > 0 {
+			res.early = string(e)
+			res.noLog = false
+			if !strings.HasSuffix(res.fullLog, "\n") && res.fullLog != "" {
+				res.fullLog += "\n"
+			}
+			res.fullLog += string(e)
+		}
 		if s := sshReason(res.fullLog); s != "" {
 			res.sshLog = s
 		}

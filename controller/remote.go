@@ -343,6 +343,12 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdout, st
 	// behind to launch or act later, behind the back of a settle
 	// (orphan.go says how, system by system).
 	cmd.SysProcAttr = clientAttr()
+	if first != nil {
+		// A session client hands its stdio to the master (mux.go): a
+		// master that is stuck holds the pipes open after the client is
+		// gone, which must not hold the call.
+		cmd.WaitDelay = muxWaitDelay
+	}
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}
@@ -358,6 +364,9 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdout, st
 	case err == nil:
 	case errors.As(err, &ee):
 		res.code = ee.ExitCode()
+	case errors.Is(err, exec.ErrWaitDelay):
+		// The client ended; its master still held the pipes.
+		res.code = cmd.ProcessState.ExitCode()
 	default:
 		res.code, res.err = 255, err
 	}
