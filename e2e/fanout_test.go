@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -134,11 +135,11 @@ func TestFanoutThroughMux(t *testing.T) {
 		id := fmt.Sprintf("fan-%02d", i)
 		// Every job waits until all have started, so that all 50 attach
 		// sessions are open at once, then outlives its lease by far.
-		job := fmt.Sprintf("touch %s/%s; while [ $(ls %s | wc -l) -lt %d ]; do sleep 0.2; done; echo all-%d; sleep 10; exit %d",
+		job := fmt.Sprintf("touch %s/%s; while [ $(ls %s | wc -l) -lt %d ]; do sleep 0.2; done; echo all-%d; sleep 22; exit %d",
 			barrier, id, barrier, runs, i, i%3)
 		args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", remoteBin, "--remote-root", c.root,
 			"--ledger", c.ledger, "--events", c.events, "--id", id,
-			"--lease", "8s", "--renew-every", "2s", c.srv.Destination(), "--", "sh", "-c", job}
+			"--lease", "20s", "--renew-every", "2s", c.srv.Destination(), "--", "sh", "-c", job}
 		ctls[i] = startCtl(t, args)
 	}
 	for i, k := range ctls {
@@ -278,4 +279,45 @@ func TestMuxMasterKilledReattach(t *testing.T) {
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))
 	}
+}
+
+// TestMuxBadInput: a ControlMaster socket directory open to others is
+// refused (78, a hint, nothing in the ledger, nothing on the host), and
+// --mux takes auto or off only (64).
+func TestMuxBadInput(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	open := filepath.Join(muxDirFor(t), "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(env string, flags ...string) (int, string) {
+		args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", bin, "--remote-root", c.root,
+			"--ledger", c.ledger, "--id", "bad"}
+		args = append(append(args, flags...), c.srv.Destination(), "--", "true")
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "AGENT_WRAP_MUX_DIR="+env)
+		out, err := cmd.CombinedOutput()
+		return exitCode(err), string(out)
+	}
+	code, out := run(open)
+	if code != 78 || !strings.Contains(out, "mode 0755") || !strings.Contains(out, "hint:") || !strings.Contains(out, "--mux off") {
+		t.Errorf("an open socket directory: exit %d, want 78 with the mode and a hint:\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(c.ledger, "bad.json")); !os.IsNotExist(err) {
+		t.Errorf("the ledger has a record after the refusal (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(c.root, "bad")); !os.IsNotExist(err) {
+		t.Errorf("the host has the run after the refusal (%v)", err)
+	}
+	code, out = run(muxDirFor(t), "--mux", "sometimes")
+	if code != 64 || !strings.Contains(out, `--mux "sometimes"`) || !strings.Contains(out, "hint:") {
+		t.Errorf("--mux sometimes: exit %d, want 64 naming it:\n%s", code, out)
+	}
+	// --mux off with the same open directory: no mux, the run goes.
+	code, out = run(open, "--mux", "off")
+	if code != 0 {
+		t.Errorf("--mux off: exit %d, want 0:\n%s", code, out)
+	}
+	c.wantSettled("bad", ledger.Completed, "", 0)
 }
