@@ -116,7 +116,7 @@ func countingRemoteBin(t *testing.T, log string) string {
 // exit codes; sshd refuses nothing; the host sees at most 50/8+4 ssh
 // connections at once (counted by the relay every connection goes
 // through); more than one master was needed (a full one was answered by
-// another); the leases (4 s, renewed every 1 s, jobs that outlive them)
+// another); the leases (20 s, renewed every 2 s, jobs that outlive them)
 // were kept alive by renewals batched over few sessions; and no master is
 // left once the controllers have ended.
 func TestFanoutThroughMux(t *testing.T) {

@@ -77,7 +77,7 @@ func (r *runner) fanoutFigure() (err error) {
 	for i := range cmds {
 		ids[i] = r.id("fan")
 		outs[i] = &bytes.Buffer{}
-		cmds[i] = ctl(ids[i], []string{"--lease", "12s", "--renew-every", "4s"}, "sleep", strconv.Itoa(sleep))
+		cmds[i] = ctl(ids[i], []string{"--lease", "30s", "--renew-every", "5s"}, "sleep", strconv.Itoa(sleep))
 		cmds[i].Stdout, cmds[i].Stderr = outs[i], outs[i]
 		if err := cmds[i].Start(); err != nil {
 			return err
@@ -108,7 +108,7 @@ func (r *runner) fanoutFigure() (err error) {
 		pass: passIf(peak <= limit && failed == 0 && refused == 0),
 	})
 	runMinutes := float64(runs) * float64(sleep) / 60
-	r.detail("fan-out: %d × `agent-wrap ssh --lease 12s --renew-every 4s DEST -- sleep %d` at once, sshd MaxSessions 10, MaxStartups 10:30:100: %d not completed and settled%s; sshd refused %d; %v wall; at most %d ssh connections at once (sshd's per-connection processes); %d renew sessions renewed %d runs' leases; sshd CPU %.2f s in all, %.1f ms per run-minute",
+	r.detail("fan-out: %d × `agent-wrap ssh --lease 30s --renew-every 5s DEST -- sleep %d` at once, sshd MaxSessions 10, MaxStartups 10:30:100: %d not completed and settled%s; sshd refused %d; %v wall; at most %d ssh connections at once (sshd's per-connection processes); %d renew sessions renewed %d runs' leases; sshd CPU %.2f s in all, %.1f ms per run-minute",
 		runs, sleep, failed, errNote(firstErr), refused, wall.Round(10*time.Millisecond), peak, sessions, renewed, cpu, 1000*cpu/runMinutes)
 
 	// 2. Reattach, against a fresh connection.
