@@ -544,14 +544,17 @@ func sameProcess(pid int, start uint64) bool {
 	return err == nil && !st.Dead() && st.Start == start
 }
 
-// sockAlive reports whether a master listens on the socket at path.
+// sockAlive reports whether a master listens on the socket at path: false
+// only when nothing does (the socket is gone, or refuses: its master
+// died). A master too busy to accept at once (its backlog full: EAGAIN, a
+// timeout) is alive: its socket must never be taken for a dead one's.
 func sockAlive(path string) bool {
 	c, err := net.DialTimeout("unix", path, time.Second)
-	if err != nil {
-		return false
+	if err == nil {
+		c.Close()
+		return true
 	}
-	c.Close()
-	return true
+	return !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, os.ErrNotExist)
 }
 
 // lockFile takes an flock (how: LOCK_EX or LOCK_SH) on path (created 0600),
