@@ -338,19 +338,33 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	// (64) found before any claim, rather than run a job named RUN_ID.
 	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote("attach", "--from", "0,0", r.cfg.ID)
 
+	ctx, cancel := r.withGiveUp(ctx)
+	defer cancel()
+	var gate *launchGate // launchgate.go
+	if r.h.mux != nil {
+		g, err := newLaunchGate(ctx)
+		if err != nil {
+			return callResult{code: 255, err: err, noLog: true}, nil, ""
+		}
+		gate, line = g, g.wrap(line)
+	}
 	pr, pw := io.Pipe()
 	var rec *launchRecord
 	var said bytes.Buffer
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		rec = r.splitLaunch(pr, &said)
+		rec = r.splitLaunch(pr, &said, gate)
 		io.Copy(io.Discard, pr)
 	}()
-	ctx, cancel := r.withGiveUp(ctx)
-	defer cancel()
 	errw := r.newLaunchStderr()
-	res := r.h.call(ctx, line, pw, errw)
+	var res callResult
+	if gate != nil {
+		res = r.h.callIn(ctx, line, gate.r, pw, errw)
+		gate.close()
+	} else {
+		res = r.h.call(ctx, line, pw, errw)
+	}
 	pw.Close()
 	<-done
 	res.early = errw.end()
@@ -376,10 +390,14 @@ type launchRecord struct {
 // record's opening "{" line go to said, the record is decoded, and
 // everything after it is copied to the job's stdout (counted). It returns
 // nil when no record came.
-func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer) *launchRecord {
+func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer, gate *launchGate) *launchRecord {
 	br := bufio.NewReaderSize(in, 64<<10)
 	for {
 		line, err := br.ReadString('\n')
+		if gate != nil && line == gateReady+"\n" {
+			gate.ready()
+			continue
+		}
 		if line == "{\n" {
 			var rec launchRecord
 			dec := json.NewDecoder(io.MultiReader(strings.NewReader(line), br))

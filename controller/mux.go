@@ -31,7 +31,8 @@ import (
 //     else /tmp/agent-wrap-mux-UID), HASH naming the rsh words and the
 //     destination (two configurations never share a master), N the slot.
 //     Beside it HASH.N.pid (the master's PID and start time, as `ssh -O
-//     check` reports it) and HASH.N.log (its -E log).
+//     check` reports it), HASH.N.log (its -E log) and HASH.N.full (the
+//     last time a controller found it full).
 //   - Who starts one: the first call that finds no master with room, under
 //     an flock on DIR/HASH.lock, so that the controllers of one machine
 //     start one master at a time per destination (a burst of runs never
@@ -241,7 +242,7 @@ const (
 // call runs line as a session on one of the masters, starting or replacing
 // one as needed. A session refused by a full master, or by a dead one, is
 // tried again on another: the remote command had not started.
-func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.Writer) callResult {
+func (m *mux) call(ctx context.Context, h *host, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
 	tried := map[int]bool{}
 	dead := map[int]int{}
 	for attempt := 0; attempt < 2*maxMasters; attempt++ {
@@ -252,7 +253,7 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.
 		if slot < 0 {
 			break // every master is full: a connection of its own
 		}
-		r := h.exec(ctx, m.clientOpts(slot), line, stdout, stderr)
+		r := h.exec(ctx, m.clientOpts(slot), line, stdin, stdout, stderr)
 		if r.lost() && !strings.Contains(r.fullLog, markFallback) {
 			// A session lost, or killed by its caller (a cancel, a
 			// timeout): its master may be dead or stuck (a network that
@@ -273,6 +274,7 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.
 		}
 		if strings.Contains(r.fullLog, markFull) {
 			m.avoid(slot, fullFor)
+			m.sayFull(slot)
 			tried[slot] = true
 			continue
 		}
@@ -283,7 +285,7 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdout, stderr io.
 			tried[slot] = true
 		}
 	}
-	return h.exec(ctx, nil, line, stdout, stderr)
+	return h.exec(ctx, nil, line, stdin, stdout, stderr)
 }
 
 // avoid passes slot over for d in this process.
@@ -295,10 +297,32 @@ func (m *mux) avoid(slot int, d time.Duration) {
 	m.mu.Unlock()
 }
 
+// isFull reports whether slot is passed over: by this process (full or
+// suspect), or because any controller found it full in the last fullFor
+// (HASH.N.full, see sayFull).
 func (m *mux) isFull(slot int) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return time.Now().Before(m.full[slot])
+	local := time.Now().Before(m.full[slot])
+	m.mu.Unlock()
+	if local {
+		return true
+	}
+	fi, err := os.Stat(m.sock(slot) + ".full")
+	return err == nil && time.Since(fi.ModTime()) < fullFor
+}
+
+// sayFull tells every controller that slot's master refused a session:
+// HASH.N.full, its time the moment. Without it, in a burst of runs, each
+// controller would learn it by a refused session of its own, and the
+// callers queued for the lock would each take the newest master (full
+// again by then) for one with room, instead of starting the next one.
+func (m *mux) sayFull(slot int) {
+	p := m.sock(slot) + ".full"
+	if f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o600); err == nil {
+		f.Close()
+	}
+	now := time.Now()
+	_ = os.Chtimes(p, now, now)
 }
 
 // slots lists the slots that have a socket file, in the order to try them:
@@ -370,6 +394,7 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	logPath := m.sock(slot) + ".log"
 	os.Remove(logPath)
 	os.Remove(m.sock(slot) + ".pid")
+	os.Remove(m.sock(slot) + ".full") // a new master has room
 	args := append(logLevelOpts(h.rsh), "-o", "ControlMaster=yes", "-o", "ControlPath="+m.sock(slot), "-o", "ControlPersist="+muxPersist)
 	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
@@ -519,6 +544,7 @@ func (m *mux) stopAll() {
 		os.Remove(p)
 		os.Remove(p + ".pid")
 		os.Remove(p + ".log")
+		os.Remove(p + ".full")
 	}
 }
 
@@ -564,6 +590,9 @@ func lockFile(ctx context.Context, path string, how int) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	// Polled (a blocking flock cannot end with ctx), from 2 ms doubling to
+	// 50 ms: a burst of callers waiting must not burn the machine's CPU.
+	wait := 2 * time.Millisecond
 	for {
 		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if err == nil {
@@ -573,7 +602,8 @@ func lockFile(ctx context.Context, path string, how int) (func(), error) {
 			f.Close()
 			return nil, &os.PathError{Op: "flock", Path: path, Err: err}
 		}
-		t := time.NewTimer(5 * time.Millisecond)
+		t := time.NewTimer(wait)
+		wait = min(2*wait, 50*time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()

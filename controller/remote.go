@@ -318,15 +318,20 @@ var callSeq atomic.Int64
 // (ssh and its ProxyCommand), and the controller's death kills ssh
 // (clientAttr and guardClient: orphan.go).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
+	return h.callIn(ctx, line, nil, stdout, stderr)
+}
+
+// callIn is call with stdin as the remote command's stdin (nil: none).
+func (h *host) callIn(ctx context.Context, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
 	<-h.probed
 	if h.mux != nil {
-		return h.mux.call(ctx, h, line, stdout, stderr)
+		return h.mux.call(ctx, h, line, stdin, stdout, stderr)
 	}
-	return h.exec(ctx, nil, line, stdout, stderr)
+	return h.exec(ctx, nil, line, stdin, stdout, stderr)
 }
 
 // exec is one client: `RSH[0] [LogLevel] first... RSH[1:]... [opts] DEST LINE`.
-func (h *host) exec(ctx context.Context, first []string, line string, stdout, stderr io.Writer) callResult {
+func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
 	args := append(logLevelOpts(h.rsh), first...)
 	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
@@ -338,6 +343,9 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdout, st
 	args = append(args, h.dest, line)
 	cmd := exec.Command(h.rsh[0], args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if stdin != nil {
+		cmd.Stdin = stdin
+	}
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client
 	// behind to launch or act later, behind the back of a settle

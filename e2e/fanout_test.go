@@ -321,3 +321,40 @@ func TestMuxBadInput(t *testing.T) {
 	}
 	c.wantSettled("bad", ledger.Completed, "", 0)
 }
+
+// TestMuxLaunchKilledInMasterRunsNothing: a launch whose session request
+// waits in a ControlMaster (its connection held by the relay) when TERM
+// comes: the controller kills its client, learns over a new master that
+// the run was never claimed (143, not_started); when the held connection
+// flows again and the master opens the session at last, the session runs
+// nothing (the launch gate: it waited for a "go" that never came), so no
+// run starts behind the ledger's back.
+func TestMuxLaunchKilledInMasterRunsNothing(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	// A run that keeps a master up.
+	keep := c.start("keeper", []string{"--lease", "60s"}, "sh", "-c", "echo up; sleep 60")
+	eventually(t, "the keeper's output", func() bool { return strings.Contains(keep.stdout(), "up\n") })
+	c.rl.Hold()
+	started := strings.Count(c.srv.Log(), "Starting session:")
+	k := c.start("gated", []string{"--lease", "60s"}, "true")
+	eventually(t, "the gated launch's client", func() bool { return len(childrenOf(k.cmd.Process.Pid)) > 0 })
+	time.Sleep(200 * time.Millisecond) // its request reaches the master: the moment of the scenario
+	k.signal(t, syscall.SIGTERM)
+	if code := k.wait(t); code != 143 {
+		t.Errorf("TERM during a held launch: exit %d, want 143\nstderr: %s", code, k.stderr())
+	}
+	c.wantNotStarted("gated", "cancelled before the launch")
+	closed := strings.Count(c.srv.Log(), "Close session:")
+	c.rl.Release()
+	// The held session opens now, and ends.
+	eventually(t, "the held session opened and closed", func() bool {
+		log := c.srv.Log()
+		return strings.Count(log, "Starting session:") > started && strings.Count(log, "Close session:") > closed
+	})
+	if _, err := os.Stat(filepath.Join(c.root, "gated")); !os.IsNotExist(err) {
+		t.Errorf("the run started on the host after the controller called it not_started (%v)", err)
+	}
+	keep.signal(t, syscall.SIGTERM)
+	keep.wait(t)
+}

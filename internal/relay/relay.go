@@ -8,7 +8,7 @@
 //   - Cut closes every connection open at the call, both sides; later
 //     connections are relayed as usual.
 //   - Hold blackholes the connections open at the call, as Blackhole does,
-//     until Cut; later connections are relayed as usual.
+//     until Release or Cut; later connections are relayed as usual.
 //   - While Blackhole(true) holds, no byte is forwarded in either direction
 //     and new connections are accepted but not connected to the target:
 //     to both ends the network has gone silent, nothing is closed. Bytes
@@ -145,6 +145,15 @@ func (r *Relay) Hold() {
 	for c := range r.conns {
 		r.held[c] = true
 	}
+}
+
+// Release resumes forwarding on the connections Hold held; the bytes held
+// meanwhile flow on.
+func (r *Relay) Release() {
+	r.mu.Lock()
+	r.held = map[net.Conn]bool{}
+	r.mu.Unlock()
+	r.cond.Broadcast()
 }
 
 // Blackhole stops (on) or resumes (off) all forwarding.
