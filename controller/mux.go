@@ -33,10 +33,11 @@ import (
 //     Beside it HASH.N.pid (the master's PID and start time, as `ssh -O
 //     check` reports it), HASH.N.log (its -E log) and HASH.N.full (the
 //     last time a controller found it full).
-//   - Who starts one: the first call that finds no master with room, under
-//     an flock on DIR/HASH.lock, so that the controllers of one machine
-//     start one master at a time per destination (a burst of runs never
-//     meets sshd's MaxStartups). `ssh -M -N -o ControlPersist=60` returns
+//   - Who starts one: the first call that finds no master with room. It
+//     claims the slot under an flock on DIR/HASH.lock (HASH.N.starting),
+//     so that the controllers of one machine start at most maxStarting
+//     masters at a time per destination (a burst of runs never meets
+//     sshd's MaxStartups). `ssh -M -N -o ControlPersist=60` returns
 //     once the master is up; it lives on in the background, shared by
 //     every controller process of the user on this machine.
 //   - Who stops it: the last controller process using the destination.
@@ -347,16 +348,55 @@ func (m *mux) slots() []int {
 }
 
 // pick returns a slot whose master answers and is not known to be full,
-// starting a master when there is none: under the destination's lock, in
-// the first slot without a live master. -1: every slot is taken and full.
-// A non-nil result is a master that could not be started (a connection
-// that failed, as a call's would).
+// starting a master when there is none: in the first slot with neither a
+// live master nor one being started. Up to maxStarting masters of a
+// destination are started at once (each marked HASH.N.starting by its
+// starter, under the destination's lock, which is not held during the
+// handshake): a burst of hundreds of runs needs tens of masters, and one at
+// a time each handshake would be waited for in turn, while a few at once
+// stay far below sshd's MaxStartups. -1: every slot is taken and full. A
+// non-nil result is a master that could not be started (a connection that
+// failed, as a call's would).
 func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool) (int, *callResult) {
-	for _, s := range m.slots() {
-		if !tried[s] && !m.isFull(s) && sockAlive(m.sock(s)) {
-			return s, nil
+	wait := 5 * time.Millisecond
+	for {
+		for _, s := range m.slots() {
+			if !tried[s] && !m.isFull(s) && sockAlive(m.sock(s)) {
+				return s, nil
+			}
+		}
+		slot, claimed, res := m.claimSlot(ctx, tried)
+		if res != nil || slot == -1 || slot >= 0 && !claimed {
+			return slot, res
+		}
+		if claimed {
+			res := m.start(ctx, h, slot)
+			os.Remove(m.sock(slot) + ".starting")
+			if res.code != 0 || res.err != nil {
+				return 0, &res
+			}
+			return slot, nil
+		}
+		// maxStarting are being started: one of them, soon.
+		t := time.NewTimer(wait)
+		wait = min(2*wait, 100*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, &callResult{code: -1, sshLog: "waiting for a ControlMaster: " + ctx.Err().Error(), noLog: true}
+		case <-t.C:
 		}
 	}
+}
+
+// maxStarting bounds the masters of a destination being started at once.
+const maxStarting = 2
+
+// claimSlot, under the destination's lock, returns a live master that
+// another caller started meanwhile, or marks the first free slot as being
+// started by this process and returns it, claimed; -2: maxStarting are
+// being started, wait; -1: no slot left.
+func (m *mux) claimSlot(ctx context.Context, tried map[int]bool) (slot int, claimed bool, res *callResult) {
 	unlock, err := lockFile(ctx, m.base+".lock", syscall.LOCK_EX)
 	if err != nil {
 		// Nothing was sent: no client was started.
@@ -364,27 +404,54 @@ func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool) (int, *call
 		if ctx.Err() != nil {
 			res.code = -1
 		}
-		return 0, &res
+		return 0, false, &res
 	}
 	defer unlock()
-	// Another caller may have started one while we waited.
 	for _, s := range m.slots() {
 		if !tried[s] && !m.isFull(s) && sockAlive(m.sock(s)) {
-			return s, nil
+			return s, false, nil
 		}
 	}
+	starting, free := 0, -1
 	for s := 0; s < maxMasters; s++ {
-		p := m.sock(s)
-		if sockAlive(p) {
-			continue
+		switch {
+		case m.beingStarted(s):
+			starting++
+		case free < 0 && !sockAlive(m.sock(s)):
+			free = s
 		}
-		os.Remove(p) // a dead master's socket
-		if res := m.start(ctx, h, s); res.code != 0 || res.err != nil {
-			return 0, &res
-		}
-		return s, nil
 	}
-	return -1, nil
+	switch {
+	case starting >= maxStarting:
+		return -2, false, nil
+	case free < 0 && starting > 0:
+		return -2, false, nil
+	case free < 0:
+		return -1, false, nil
+	}
+	os.Remove(m.sock(free)) // a dead master's socket
+	st, _ := proc.ReadStat(os.Getpid())
+	if err := os.WriteFile(m.sock(free)+".starting", []byte(fmt.Sprintf("%d %d\n", os.Getpid(), st.Start)), 0o600); err != nil {
+		return 0, false, &callResult{code: 255, sshLog: "the ControlMaster slot: " + err.Error(), noLog: true}
+	}
+	return free, true, nil
+}
+
+// beingStarted reports whether slot's master is being started: its
+// HASH.N.starting names a live controller process and is younger than a
+// handshake may take.
+func (m *mux) beingStarted(slot int) bool {
+	p := m.sock(slot) + ".starting"
+	fi, err := os.Stat(p)
+	if err != nil {
+		return false
+	}
+	pid, start, ok := readPIDFile(p)
+	if !ok || !sameProcess(pid, start) || time.Since(fi.ModTime()) > 2*time.Minute {
+		os.Remove(p) // of a controller that died while it started one
+		return false
+	}
+	return true
 }
 
 // start starts the master of slot: `ssh -M -N -o ControlPersist=...`, which
@@ -545,6 +612,7 @@ func (m *mux) stopAll() {
 		os.Remove(p + ".pid")
 		os.Remove(p + ".log")
 		os.Remove(p + ".full")
+		os.Remove(p + ".starting")
 	}
 }
 
