@@ -111,6 +111,18 @@ type Record struct {
 	// AgentSocket is the run's scoped SSH agent socket (the job's
 	// SSH_AUTH_SOCK), while and after it existed.
 	AgentSocket string `json:"agent_socket,omitempty"`
+	// HTTP are the run's credential gateways, by NAME, while and after
+	// they existed.
+	HTTP map[string]HTTPGateway `json:"http,omitempty"`
+}
+
+// HTTPGateway is one credential gateway of a run, as the job reaches it.
+// It holds no secret.
+type HTTPGateway struct {
+	URL      string   `json:"url"`      // http://127.0.0.1:PORT, the job's AGENT_WRAP_HTTP_<NAME>
+	Socket   string   `json:"socket"`   // its unix socket, AGENT_WRAP_HTTP_<NAME>_SOCKET
+	Upstream string   `json:"upstream"` // where requests go: scheme, host, prefix
+	Methods  []string `json:"methods"`  // forwarded methods; "*" is every one but CONNECT and TRACE
 }
 
 // Timestamp formats t as the record's times are: RFC 3339, UTC, nanoseconds.

@@ -56,7 +56,8 @@ type supervisor struct {
 	// call: set when the job has started and at each recorded escape.
 	view atomic.Pointer[statusfile.Record]
 
-	scope *scope // the run's authority (authority_linux.go)
+	scope *scope     // the run's authority (authority_linux.go)
+	http  *httpScope // the run's HTTP gateways (http_linux.go)
 }
 
 // Run supervises one run from the claim of its ID to its final record. The
@@ -168,6 +169,10 @@ func (s *supervisor) run() *Result {
 	if err := s.startAuthority(); err != nil {
 		s.markLive()
 		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot scope the SSH agent to the run: %v (--agent inherit or none runs without a relay)", err))
+	}
+	if err := s.startHTTP(); err != nil {
+		s.revokeAuthority()
+		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot start the HTTP gateways: %v", err))
 	}
 	code, err := s.launch()
 	if err != nil {

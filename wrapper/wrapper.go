@@ -32,6 +32,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
@@ -64,6 +65,10 @@ type Config struct {
 	// Agent is AgentScoped, AgentInherit, AgentNone, or "" (scoped). With
 	// no SSH_AUTH_SOCK in the process's environment every mode is none.
 	Agent string
+	// HTTP are the run's credential gateways, their secrets loaded
+	// (http_linux.go): each listens before the job starts and is revoked
+	// with the agent relay.
+	HTTP []*httpgw.Spec
 
 	// Stdin becomes the job's fd 0; nil means /dev/null.
 	Stdin *os.File
