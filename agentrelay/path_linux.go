@@ -26,22 +26,22 @@ const SocketName = "agent.sock"
 // /tmp/agent-wrap-UID, created mode 0700 and refused when it is a symlink,
 // someone else's or open to group or others.
 func SocketPath(runDir string, getenv func(string) string) (string, error) {
-	return ShortSocketPath(runDir, SocketName, getenv)
+	return SocketPathNamed(runDir, SocketName, getenv)
 }
 
-// ShortSocketPath is SocketPath for any socket of a run: runDir/name when
-// that fits in a socket address, else a short name derived from runDir and
-// name in the same private per-user directory.
-func ShortSocketPath(runDir, name string, getenv func(string) string) (string, error) {
+// SocketPathNamed is SocketPath for another socket of the run, runDir/name
+// (the wrapper's control socket): the short name is derived from runDir
+// and name, so two sockets of one run never share it.
+func SocketPathNamed(runDir, name string, getenv func(string) string) (string, error) {
 	p := filepath.Join(runDir, name)
 	if len(p) <= MaxSocketPath {
 		return p, nil
 	}
-	key := runDir
-	if name != SocketName { // the agent's short name stays what it was
-		key = runDir + "\x00" + name
+	seed := runDir
+	if name != SocketName {
+		seed = p
 	}
-	sum := sha256.Sum256([]byte(key))
+	sum := sha256.Sum256([]byte(seed))
 	short := strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:15])) + ".sock"
 	var dirs []string
 	if rt := getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(rt) {

@@ -89,7 +89,7 @@ type End struct {
 type Config struct {
 	Spec   *Spec
 	RunID  string // named in refusals
-	Socket string // the unix socket's path (see agentrelay.ShortSocketPath)
+	Socket string // the unix socket's path (see agentrelay.SocketPathNamed)
 	Check  Check
 	// Ended is called once per accepted request, when it has ended
 	// (cut ones included), before Wait returns.

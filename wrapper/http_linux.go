@@ -49,7 +49,7 @@ func (s *supervisor) startHTTP() error {
 	s.http = h
 	s.rec.HTTP = map[string]statusfile.HTTPGateway{}
 	for _, spec := range s.cfg.HTTP {
-		sock, err := agentrelay.ShortSocketPath(s.d.Path, "http-"+spec.Name+".sock", os.Getenv)
+		sock, err := agentrelay.SocketPathNamed(s.d.Path, "http-"+spec.Name+".sock", os.Getenv)
 		if err != nil {
 			return err
 		}

@@ -57,6 +57,7 @@ type supervisor struct {
 	view atomic.Pointer[statusfile.Record]
 
 	scope *scope     // the run's authority (authority_linux.go)
+	ctl   *control   // the run's control socket and handoffs (handoff_linux.go)
 	http  *httpScope // the run's HTTP gateways (http_linux.go)
 }
 
@@ -174,9 +175,11 @@ func (s *supervisor) run() *Result {
 		s.revokeAuthority()
 		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot start the HTTP gateways: %v", err))
 	}
+	s.startControl()
 	code, err := s.launch()
 	if err != nil {
 		s.revokeAuthority()
+		s.closeControl()
 		return s.launchFailed(code, err)
 	}
 
@@ -226,6 +229,7 @@ func (s *supervisor) run() *Result {
 
 	// 8. Reap, record, drain.
 	s.reapAll()
+	s.closeControl() // every handoff's last word goes into the final record
 	if s.cgroup != "" {
 		if err := cgroup.Remove(s.cgroup); err != nil {
 			s.warn("cannot remove the run's cgroup: %v", err)
