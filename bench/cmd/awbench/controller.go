@@ -31,33 +31,17 @@ import (
 //     backoff, 0.2 s, is part of it).
 func (r *runner) controllerFigure() (err error) {
 	tb := &benchTB{r: r}
-	defer func() {
-		if p := recover(); p != nil {
-			if f, ok := p.(benchFatal); ok {
-				err = f
-				return
-			}
-			panic(p)
-		}
-	}()
+	defer catchFatal(&err)
 	srv := sshtest.Start(tb)
 	root, err := r.newRoot("controller")
 	if err != nil {
 		return err
 	}
 	ledgerDir := filepath.Join(r.scratch, "controller-ledger")
-	cm := filepath.Join(r.scratch, "cm")
-	sshArgs := append(srv.SSHArgs(), "-o", "ControlPath="+cm)
-	// The master: ssh -M -N -f forks it into the background; it is stopped
-	// through its control socket (ssh -O exit), never by name.
-	master := exec.Command("ssh", append(append([]string{}, sshArgs...), "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-N", "-f", "--", srv.Destination())...)
-	if out, err := master.CombinedOutput(); err != nil {
-		return fmt.Errorf("ControlMaster: %v: %s", err, out)
+	sshArgs, rsh, err := r.sshMaster(srv, "cm")
+	if err != nil {
+		return err
 	}
-	r.onCleanup(func() {
-		exec.Command("ssh", append(append([]string{}, sshArgs...), "-O", "exit", "--", srv.Destination())...).Run()
-	})
-	rsh := sshtest.Quote(append([]string{"ssh"}, sshArgs...)...)
 	ssh := func(line string) *exec.Cmd {
 		return exec.Command("ssh", append(append([]string{}, sshArgs...), "--", srv.Destination(), line)...)
 	}
@@ -278,10 +262,22 @@ func (c *chunkClock) firstAfter(mark int) time.Time {
 type benchTB struct {
 	testing.TB
 	r *runner
-	n int
 }
 
 type benchFatal struct{ error }
+
+// catchFatal, deferred by a figure with a named error result, turns a
+// benchTB failure (a benchFatal panic) into that error; any other panic
+// goes on.
+func catchFatal(err *error) {
+	if p := recover(); p != nil {
+		if f, ok := p.(benchFatal); ok {
+			*err = f
+			return
+		}
+		panic(p)
+	}
+}
 
 func (b *benchTB) Helper()                        {}
 func (b *benchTB) Cleanup(f func())               { b.r.onCleanup(f) }
@@ -289,11 +285,29 @@ func (b *benchTB) Logf(format string, a ...any)   { b.r.logf(format, a...) }
 func (b *benchTB) Errorf(format string, a ...any) { b.r.logf(format, a...) }
 func (b *benchTB) Fatalf(format string, a ...any) { panic(benchFatal{fmt.Errorf(format, a...)}) }
 func (b *benchTB) Skipf(format string, a ...any)  { panic(benchFatal{fmt.Errorf(format, a...)}) }
+
+// TempDir is a new directory under the scratch root, unique across every
+// figure's benchTB (each figure makes its own).
 func (b *benchTB) TempDir() string {
-	b.n++
-	d := filepath.Join(b.r.scratch, "sshd-"+strconv.Itoa(b.n))
-	if err := os.Mkdir(d, 0o700); err != nil {
+	d, err := os.MkdirTemp(b.r.scratch, "sshd-")
+	if err != nil {
 		panic(benchFatal{err})
 	}
 	return d
+}
+
+// sshMaster starts one ControlMaster to srv on the socket scratch/name:
+// ssh -M -N -f forks it into the background, and it is stopped through its
+// control socket (ssh -O exit), never by name. It returns the ssh words
+// that use it and the same as one --rsh line.
+func (r *runner) sshMaster(srv *sshtest.Server, name string) (sshArgs []string, rsh string, err error) {
+	sshArgs = append(srv.SSHArgs(), "-o", "ControlPath="+filepath.Join(r.scratch, name))
+	master := exec.Command("ssh", append(append([]string{}, sshArgs...), "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-N", "-f", "--", srv.Destination())...)
+	if out, err := master.CombinedOutput(); err != nil {
+		return nil, "", fmt.Errorf("ControlMaster: %v: %s", err, out)
+	}
+	r.onCleanup(func() {
+		exec.Command("ssh", append(append([]string{}, sshArgs...), "-O", "exit", "--", srv.Destination())...).Run()
+	})
+	return sshArgs, sshtest.Quote(append([]string{"ssh"}, sshArgs...)...), nil
 }
