@@ -50,6 +50,12 @@ import (
 // DefaultHeader is the credential header template when none is given.
 const DefaultHeader = "Authorization: Bearer {secret}"
 
+// The default template's parts, as parseTemplate splits it.
+const (
+	defaultHeaderName = "Authorization"
+	defaultTemplate   = "Bearer {secret}"
+)
+
 // DefaultMethods are the methods a gateway forwards when none are given:
 // read-only.
 var DefaultMethods = []string{"GET", "HEAD"}
@@ -85,7 +91,16 @@ type Spec struct {
 	Where    string   // the file's path or the variable's name
 
 	secret []byte
+	// secretFlag and caFlag are the positions of the gateway's
+	// --http-secret and --http-ca among those flags: stdin lines are read
+	// in flag order.
+	secretFlag, caFlag int
 }
+
+// caStdin as a --http-ca value: one line on stdin, the PEM in
+// standard base64 (how `agent-wrap ssh` sends a CA file it read on the
+// controller).
+const caStdin = "stdin"
 
 // UsageError is a gateway flag that is wrong as written: exit 64.
 type UsageError struct{ Msg, Hint string }
@@ -154,14 +169,16 @@ func Parse(f Flags) ([]*Spec, error) {
 		if err != nil {
 			return nil, usage("the upstream is https://HOST[:PORT][/PREFIX]; http:// only for 127.0.0.0/8, ::1 or localhost; no user, query or fragment", "--http %s: %v", name, err)
 		}
-		s := &Spec{Name: name, Upstream: u, Prefix: prefix, Methods: DefaultMethods, Source: SourceNone}
-		s.Header, s.Template, _ = parseTemplate(DefaultHeader)
+		s := &Spec{Name: name, Upstream: u, Prefix: prefix, Methods: DefaultMethods, Source: SourceNone,
+			Header: defaultHeaderName, Template: defaultTemplate}
 		byName[name] = s
 		specs = append(specs, s)
 	}
+	var pos int
 	each := func(flag string, vals []string, set func(*Spec, string) error) error {
 		seen := map[string]bool{}
-		for _, v := range vals {
+		for i, v := range vals {
+			pos = i
 			name, val, ok := strings.Cut(v, "=")
 			if !ok {
 				return usage(fmt.Sprintf("write it as %s NAME=VALUE, NAME one of the --http gateways", flag), "%s %q has no NAME=", flag, v)
@@ -182,6 +199,7 @@ func Parse(f Flags) ([]*Spec, error) {
 	}
 	err := each("--http-secret", f.Secret, func(s *Spec, v string) error {
 		kind, where, _ := strings.Cut(v, ":")
+		s.secretFlag = pos
 		switch {
 		case kind == SourceFile && where != "":
 			s.Source, s.Where = SourceFile, where
@@ -219,7 +237,7 @@ func Parse(f Flags) ([]*Spec, error) {
 			if v == "" {
 				return usage("name a PEM file of CA certificates", "--http-ca %s: no file", s.Name)
 			}
-			s.CAFile = v
+			s.CAFile, s.caFlag = v, pos
 			return nil
 		})
 	}
@@ -395,26 +413,41 @@ func (s *Spec) headerValue() string {
 	return strings.Replace(s.Template, PlaceholderSecret, string(s.secret), 1)
 }
 
-// Load reads every secret and CA file, in flag order: file:PATH (refused
-// when group or others may read it), env:VAR (from getenv), stdin (one line
-// per stdin secret, read from stdin one byte at a time, so the rest of it is
-// the job's). Every error is an InputError and names the gateway and the
-// source, never the secret.
+// Load reads every secret and CA file: file:PATH (refused when group or
+// others may read it), env:VAR (from getenv), stdin. Stdin is read one byte
+// at a time, so what follows the lines is the job's: first one line per
+// --http-ca NAME=stdin (the PEM in standard base64), in the order of the
+// --http-ca flags, then one line per --http-secret NAME=stdin, in the order
+// of the --http-secret flags. Every error is an InputError and names the
+// gateway and the source, never the secret.
 func Load(specs []*Spec, stdin io.Reader, getenv func(string) string) error {
 	for _, s := range specs {
-		if s.CAFile != "" {
-			b, err := os.ReadFile(s.CAFile)
-			if err != nil {
-				return input("name a readable PEM file of CA certificates", "--http-ca %s: %v", s.Name, err)
-			}
-			if err := s.SetCA(b); err != nil {
-				return err
-			}
+		if s.CAFile == "" || s.CAFile == caStdin {
+			continue
 		}
+		b, err := os.ReadFile(s.CAFile)
+		if err != nil {
+			return input("name a readable PEM file of CA certificates", "--http-ca %s: %v", s.Name, err)
+		}
+		if err := s.SetCA(b); err != nil {
+			return err
+		}
+	}
+	for _, s := range inFlagOrder(specs, func(s *Spec) (bool, int) { return s.CAFile == caStdin, s.caFlag }) {
+		line, err := readLine(stdin)
+		if err == nil {
+			line, err = base64.StdEncoding.DecodeString(string(trimNewline(line)))
+		}
+		if err != nil {
+			return input("give the CA as one line of base64 on stdin, before the secrets' lines", "--http-ca %s=stdin: %v", s.Name, err)
+		}
+		if err := s.SetCA(line); err != nil {
+			return err
+		}
+	}
+	for _, s := range specs {
 		var b []byte
 		switch s.Source {
-		case SourceNone:
-			continue
 		case SourceFile:
 			var err error
 			b, err = readSecretFile(s.Where)
@@ -426,19 +459,87 @@ func Load(specs []*Spec, stdin io.Reader, getenv func(string) string) error {
 			if len(b) == 0 {
 				return input(fmt.Sprintf("export %s in the environment agent-wrap runs in", s.Where), "--http-secret %s=env:%s: the variable is not set or empty", s.Name, s.Where)
 			}
-		case SourceStdin:
-			line, err := readLine(stdin)
-			if err != nil {
-				return input("give one line on stdin per stdin secret, in the order of the --http-secret flags", "--http-secret %s=stdin: %v", s.Name, err)
-			}
-			b = line
+		default:
+			continue
 		}
-		b = trimNewline(b)
-		if err := s.SetSecret(b); err != nil {
+		if err := s.SetSecret(trimNewline(b)); err != nil {
+			return err
+		}
+	}
+	for _, s := range inFlagOrder(specs, func(s *Spec) (bool, int) { return s.Source == SourceStdin, s.secretFlag }) {
+		line, err := readLine(stdin)
+		if err != nil {
+			return input("give one line on stdin per stdin secret, in the order of the --http-secret flags", "--http-secret %s=stdin: %v", s.Name, err)
+		}
+		if err := s.SetSecret(trimNewline(line)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// inFlagOrder is the specs that pick chooses, ordered by the position it
+// gives.
+func inFlagOrder(specs []*Spec, pick func(*Spec) (bool, int)) []*Spec {
+	var out []*Spec
+	for _, s := range specs {
+		if ok, _ := pick(s); ok {
+			out = append(out, s)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *Spec) int {
+		_, i := pick(a)
+		_, j := pick(b)
+		return i - j
+	})
+	return out
+}
+
+// Remote renders loaded specs as the flags of a `run` on another host that
+// takes every secret and CA from stdin, and those stdin lines (the CAs',
+// then the secrets', each in the order of the flags given here). What
+// `agent-wrap ssh` sends: the flags name no local file or variable, and
+// the secrets travel only in the returned bytes, which the caller writes
+// to the launch connection's stdin and then forgets.
+func Remote(specs []*Spec) (args []string, stdin []byte) {
+	var cas, secrets []byte
+	for _, s := range specs {
+		args = append(args, "--http", s.Name+"="+s.UpstreamString())
+		if s.Template != defaultTemplate || s.Header != defaultHeaderName {
+			args = append(args, "--http-header", s.Name+"="+s.Header+": "+s.Template)
+		}
+		if !slices.Equal(s.Methods, DefaultMethods) {
+			args = append(args, "--http-allow", s.Name+"="+strings.Join(s.MethodList(), ","))
+		}
+	}
+	for _, s := range specs {
+		if len(s.CAPEM) > 0 {
+			args = append(args, "--http-ca", s.Name+"="+caStdin)
+			cas = append(cas, base64.StdEncoding.EncodeToString(s.CAPEM)...)
+			cas = append(cas, '\n')
+		}
+	}
+	for _, s := range specs {
+		if s.HasSecret() {
+			args = append(args, "--http-secret", s.Name+"="+SourceStdin)
+			secrets = append(secrets, s.secret...)
+			secrets = append(secrets, '\n')
+		}
+	}
+	return args, append(cas, secrets...)
+}
+
+// Secrets lists each loaded secret's bytes, for a caller that must hand
+// them to another process of its own (run --detach to its supervisor) and
+// for tests that search files for them. Never print or store them.
+func Secrets(specs []*Spec) map[string][]byte {
+	out := map[string][]byte{}
+	for _, s := range specs {
+		if s.HasSecret() {
+			out[s.Name] = s.secret
+		}
+	}
+	return out
 }
 
 // SetCA gives the gateway extra PEM roots.
