@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -384,5 +386,215 @@ exec curl -sS -N "$AGENT_WRAP_HTTP_GH/slow"`, python, py, log)
 				}
 			}
 		})
+	}
+}
+
+// hammer asks the gateway on 8 keep-alive connections, as fast as it
+// answers, until it refuses connections (or 5000 tries), and prints how the
+// tries ended.
+const hammer = `
+import http.client, os, sys, threading, collections
+host, port = sys.argv[1].split("//")[1].split(":")
+got, lock = collections.Counter(), threading.Lock()
+def worker(n):
+    conn, refused = None, 0
+    for i in range(700):
+        try:
+            if conn is None:
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("GET", "/h/%d/%d" % (n, i))
+            r = conn.getresponse(); r.read()
+            what = str(r.status)
+            refused = 0
+        except ConnectionRefusedError:
+            what, conn = "refused", None
+            refused += 1
+            if refused >= 3:
+                break
+        except Exception as e:
+            what, conn = type(e).__name__, None
+        with lock:
+            got[what] += 1
+ts = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(dict(got))
+`
+
+// 6. Requests racing a lease's end: no accepted action is journaled after
+// deadline_expired, and every accepted one has its action_end.
+func TestRequestsRacingLeaseEnd(t *testing.T) {
+	up := newUpstream(t, nil)
+	_, file := newSecret(t)
+	root := runtest.NewRoot(t)
+	py := writeScript(t, "hammer.py", hammer)
+	c := runtest.Start(t, root, "run", "--lease", "2m", "--grace", "2s",
+		"--http", "gh="+up.base()+"/api", "--http-secret", "gh=file:"+file, "--http-ca", "gh="+up.caFile,
+		"race", "--", "sh", "-c", "exec "+python+" "+py+` "$AGENT_WRAP_HTTP_GH"`)
+	run := runtest.Run{Root: root, ID: "race"}
+	t.Cleanup(run.Kill)
+	waitFor(t, "200 requests at the upstream", func() bool { return len(up.requests()) >= 200 })
+	if code, _, stderr := aw(t, root, "renew", "--lease", "1s", "race"); code != 0 {
+		t.Fatalf("renew: %d %s", code, stderr)
+	}
+	if code := c.Wait(t); code != 124 {
+		t.Errorf("exit %d, want 124 (lease expired); stderr: %s", code, c.Stderr.String())
+	}
+	run.AssertGroupEmpty(t)
+	es := run.Journal(t)
+	var expired int64
+	for _, e := range es {
+		if e.Event == "deadline_expired" {
+			expired = e.Seq
+		}
+	}
+	if expired == 0 {
+		t.Fatalf("no deadline_expired: %v", run.Events(t)[len(es)-8:])
+	}
+	accepted, refused, lateRefused := map[string]bool{}, 0, 0
+	for _, a := range events(es, "action") {
+		switch field(a, "decision") {
+		case "accepted":
+			accepted[fmt.Sprint(a.Seq)] = true
+			if a.Seq > expired {
+				t.Errorf("action %d accepted after deadline_expired (%d)", a.Seq, expired)
+			}
+		default:
+			refused++
+			if a.Seq > expired {
+				lateRefused++
+			}
+		}
+	}
+	for _, e := range events(es, "action_end") {
+		if !accepted[field(e, "action")] {
+			t.Errorf("action_end for %s, which is not an accepted action", field(e, "action"))
+		}
+		delete(accepted, field(e, "action"))
+	}
+	if len(accepted) > 0 {
+		t.Errorf("accepted actions without an action_end: %v", accepted)
+	}
+	t.Logf("%d requests reached the upstream; deadline_expired at seq %d; %d refused (%d after it)",
+		len(up.requests()), expired, refused, lateRefused)
+}
+
+// peek tries, as the user it runs as, to read /proc/PID/mem and
+// /proc/PID/environ of each PID and to attach to it with ptrace, and
+// prints one line per PID: "PID mem=... environ=... ptrace=...".
+const peek = `
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+def tryopen(p):
+    try:
+        f = open(p, "rb")
+    except OSError as e:
+        return "refused:" + (os.strerror(e.errno) if e.errno else type(e).__name__)
+    try:
+        f.read(1)  # mem at offset 0 is unmapped: EIO, but it opened
+    except OSError:
+        pass
+    f.close()
+    return "open"
+for pid in map(int, sys.argv[1:]):
+    mem = tryopen("/proc/%d/mem" % pid)
+    env = tryopen("/proc/%d/environ" % pid)
+    if libc.ptrace(16, pid, None, None) == 0:
+        os.waitpid(pid, 0)
+        libc.ptrace(17, pid, None, None)
+        pt = "attached"
+    else:
+        pt = "refused:" + os.strerror(ctypes.get_errno())
+    print(pid, "mem=" + mem, "environ=" + env, "ptrace=" + pt)
+`
+
+// 7. A process of the same user (not root: root's CAP_SYS_PTRACE passes
+// over non-dumpable) can neither read the wrapper's memory or environment
+// nor attach to it, while it can do all three to the job the wrapper
+// started; the secret is in no file under the run root.
+func TestWrapperNotDumpable(t *testing.T) {
+	const nobody = "65534"
+	up := newUpstream(t, nil)
+	dir, err := os.MkdirTemp("", "aw-nodump-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	token := "tok-nodump-" + strings.TrimPrefix(filepath.Base(dir), "aw-nodump-")
+	bin := filepath.Join(dir, "agent-wrap")
+	mustCopy(t, runtest.Binary(t), bin, 0o755)
+	mustCopy(t, up.caFile, filepath.Join(dir, "ca.pem"), 0o644)
+	secret := filepath.Join(dir, "token")
+	if err := os.WriteFile(secret, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "peek.py")
+	mustCopyBytes(t, []byte(peek), script, 0o755)
+	for _, p := range []string{dir, secret} {
+		if err := os.Chown(p, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(dir, 0o755)
+	root := filepath.Join(dir, "runs")
+	as := []string{"setpriv", "--reuid", nobody, "--regid", nobody, "--clear-groups", "--"}
+	wr := exec.Command(as[0], append(as[1:], bin, "--root", root, "run", "--lease", "2m", "--cgroup", "off",
+		"--http", "gh="+up.base()+"/api", "--http-secret", "gh=file:"+secret, "--http-ca", "gh="+filepath.Join(dir, "ca.pem"),
+		"nd", "--", "sleep", "300")...)
+	wr.Env = []string{"PATH=/usr/bin:/bin", "SECRET_IN_ENV_MARKER=1"}
+	var stderr runtest.Buffer
+	wr.Stderr = &stderr
+	wr.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
+	if err := wr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	run := runtest.Run{Root: root, ID: "nd"}
+	t.Cleanup(func() {
+		run.Kill()
+		wr.Process.Kill()
+		wr.Wait()
+	})
+	rec := run.WaitState(t, statusfile.Running)
+	out, err := exec.Command(as[0], append(as[1:], python, script, fmt.Sprint(rec.WrapperPID), fmt.Sprint(rec.PID))...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("peek: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("peek: %s", out)
+	}
+	t.Logf("as uid %s:\n  wrapper %s\n  job     %s", nobody, lines[0], lines[1])
+	for _, what := range []string{"mem=refused", "environ=refused", "ptrace=refused"} {
+		if !strings.Contains(lines[0], what) {
+			t.Errorf("the wrapper (PID %d) is open to its user: %s (want %s)", rec.WrapperPID, lines[0], what)
+		}
+	}
+	// The check can see an open process: the job is dumpable, as usual.
+	for _, what := range []string{"mem=open", "environ=open", "ptrace=attached"} {
+		if !strings.Contains(lines[1], what) {
+			t.Errorf("the job (PID %d) should be dumpable: %s (want %s)", rec.PID, lines[1], what)
+		}
+	}
+	if out, err := exec.Command(as[0], append(as[1:], bin, "--root", root, "cancel", "--wait", "30s", "nd")...).CombinedOutput(); err != nil {
+		t.Errorf("cancel: %v %s", err, out)
+	}
+	wr.Wait()
+	grepTree(t, root, []byte(token))
+}
+
+func mustCopy(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCopyBytes(t, b, to, mode)
+}
+
+func mustCopyBytes(t *testing.T, b []byte, to string, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(to, b, mode); err != nil {
+		t.Fatal(err)
 	}
 }
