@@ -2,11 +2,13 @@ package httpgw_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/cgi"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -597,4 +599,101 @@ func mustCopyBytes(t *testing.T, b []byte, to string, mode os.FileMode) {
 	if err := os.WriteFile(to, b, mode); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// 2. Real git over smart HTTP: `git http-backend` behind net/http/cgi and
+// Basic auth ({basic}), through the gateway. A gateway that allows
+// GET,POST clones and pushes; one left at the default (GET,HEAD) is
+// refused at the first POST, and the upstream repository is unchanged.
+func TestGitThroughGateway(t *testing.T) {
+	const user, pass = "agent", "git-token-5f1c"
+	bare := filepath.Join(t.TempDir(), "repos")
+	seed := filepath.Join(t.TempDir(), "seed")
+	gitRun(t, "", "init", "-q", "--bare", "--initial-branch=main", filepath.Join(bare, "p.git"))
+	gitRun(t, "", "init", "-q", seed)
+	os.WriteFile(filepath.Join(seed, "a"), []byte("a\n"), 0o644)
+	gitRun(t, seed, "add", "a")
+	gitRun(t, seed, "commit", "-qm", "seed")
+	gitRun(t, seed, "push", "-q", filepath.Join(bare, "p.git"), "HEAD:refs/heads/main")
+	backend := &cgi.Handler{
+		Path: "/usr/lib/git-core/git-http-backend",
+		Root: "/git",
+		Env:  []string{"GIT_PROJECT_ROOT=" + bare, "GIT_HTTP_EXPORT_ALL=1", "REMOTE_USER=" + user},
+	}
+	auth := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != user || p != pass {
+			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		backend.ServeHTTP(w, r)
+	})
+	up := newUpstream(t, auth)
+	secret := filepath.Join(t.TempDir(), "cred")
+	os.WriteFile(secret, []byte(user+":"+pass+"\n"), 0o600)
+	root := runtest.NewRoot(t)
+	job := `set -e
+export HOME=$JOBHOME GIT_TERMINAL_PROMPT=0
+cd "$HOME"
+git config --global user.email a@b.c; git config --global user.name job
+git config --global http.receivepack true
+git clone -q "$AGENT_WRAP_HTTP_RW/p.git" w
+cd w; echo b >b; git add b; git commit -qm job
+git push -q origin HEAD:refs/heads/main && echo pushed-rw
+echo c >c; git add c; git commit -qm job2
+if git push -q "$AGENT_WRAP_HTTP_RO/p.git" HEAD:refs/heads/main 2>err; then echo pushed-ro; else echo refused-ro; cat err; fi
+`
+	gw := func(name, allow string) []string {
+		a := []string{"--http", name + "=" + up.base() + "/git", "--http-secret", name + "=file:" + secret,
+			"--http-header", name + "=Authorization: Basic {basic}", "--http-ca", name + "=" + up.caFile}
+		if allow != "" {
+			a = append(a, "--http-allow", name+"="+allow)
+		}
+		return a
+	}
+	args := append([]string{"run", "--lease", "2m"}, gw("rw", "GET,POST")...)
+	args = append(args, gw("ro", "")...)
+	args = append(args, "git", "--", "sh", "-c", job)
+	home := t.TempDir()
+	c := runtest.StartWith(t, root, func(c *exec.Cmd) { c.Env = append(c.Env, "JOBHOME="+home) }, args...)
+	if code := c.Wait(t); code != 0 {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, c.Stdout.String(), c.Stderr.String())
+	}
+	out := c.Stdout.String()
+	if !strings.Contains(out, "pushed-rw") || !strings.Contains(out, "refused-ro") || !strings.Contains(out, "403") {
+		t.Errorf("job output:\n%s", out)
+	}
+	log := gitRun(t, filepath.Join(bare, "p.git"), "log", "--format=%s", "main")
+	if log != "job\nseed" {
+		t.Errorf("upstream main is %q; want the rw push and not the ro one", log)
+	}
+	for _, r := range up.requests() {
+		if want := "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass)); r.Auth != want {
+			t.Errorf("upstream %s %s: Authorization %q", r.Method, r.Path, r.Auth)
+		}
+	}
+	run := runtest.Run{Root: root, ID: "git"}
+	refused := 0
+	for _, a := range events(run.Journal(t), "action") {
+		if field(a, "channel") == "http:ro" && field(a, "reason") == "method_not_allowed" && field(a, "request") == "POST" {
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Errorf("no POST refused as method_not_allowed on http:ro")
+	}
+	grepTree(t, run.Dir(), []byte(pass))
+}
+
+func gitRun(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "HOME="+t.TempDir(),
+		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
 }
