@@ -529,6 +529,49 @@ func Remote(specs []*Spec) (args []string, stdin []byte) {
 	return args, append(cas, secrets...)
 }
 
+// Passed is the stdin Remote would send for loaded specs, in the order
+// LoadPassed reads it: what `run --detach` hands its supervisor on a pipe,
+// so the supervisor, started with the same flags, never reads a file or a
+// variable again.
+func Passed(specs []*Spec) []byte {
+	_, b := Remote(specs)
+	return b
+}
+
+// LoadPassed loads specs from Passed's bytes on r: a CA line for each spec
+// with --http-ca, then a secret line for each with --http-secret, in spec
+// order. The specs keep their sources, as the journal names them.
+func LoadPassed(specs []*Spec, r io.Reader) error {
+	for _, s := range specs {
+		if s.CAFile == "" {
+			continue
+		}
+		line, err := readLine(r)
+		if err == nil {
+			line, err = base64.StdEncoding.DecodeString(string(line))
+		}
+		if err != nil {
+			return input("", "--http-ca %s: from the caller: %v", s.Name, err)
+		}
+		if err := s.SetCA(line); err != nil {
+			return err
+		}
+	}
+	for _, s := range specs {
+		if s.Source == SourceNone {
+			continue
+		}
+		line, err := readLine(r)
+		if err != nil {
+			return input("", "--http-secret %s: from the caller: %v", s.Name, err)
+		}
+		if err := s.SetSecret(line); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Secrets lists each loaded secret's bytes, for a caller that must hand
 // them to another process of its own (run --detach to its supervisor) and
 // for tests that search files for them. Never print or store them.
