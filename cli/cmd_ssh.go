@@ -9,6 +9,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/handoff"
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -32,7 +33,10 @@ confirmed remote cancel over a new connection. The job's stdout and stderr
 arrive byte for byte; the job's stdin is /dev/null. Inside a run
 ($AGENT_WRAP_CONTROL set by its wrapper) the run is registered with that run
 before the launch, its lease capped at that run's time left, and it is
-cancelled before that run stops. See docs/controller.md.
+cancelled before that run stops. The --http* flags are run's (the job gets
+a URL, not a token): the secrets and CA files are read here, on the
+controller, and sent over the launch connection's stdin, never to the host's
+disk or any command line. See docs/controller.md.
 `
 
 func runSSH(e *Env, args []string) int {
@@ -52,6 +56,8 @@ func runSSH(e *Env, args []string) int {
 	}
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
+	var hf httpgw.Flags
+	addHTTPFlags(fs, &hf) // read here, sent over the launch's stdin (ssh_http.go)
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -97,6 +103,11 @@ func runSSH(e *Env, args []string) int {
 		}
 		cfg.Rsh = words
 	}
+	specs, code := e.sshGateways(hf, cfg.Rsh)
+	if code != 0 {
+		return code
+	}
+	cfg.HTTP = specs
 	l, code := e.openLedger(*ledgerDir, true)
 	if l == nil {
 		return code
