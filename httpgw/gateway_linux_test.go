@@ -12,8 +12,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -245,5 +247,142 @@ echo "inner $(code "$g/a/./b/../c")"
 	want := "outside_prefix,outside_prefix,outside_prefix,outside_prefix,method_not_allowed,upgrade_refused,upgrade_refused,running,running,running"
 	if strings.Join(reasons, ",") != want {
 		t.Errorf("journaled reasons\n %s\nwant\n %s", strings.Join(reasons, ","), want)
+	}
+}
+
+// orphan ignores TERM, leaves the run's session, and asks the gateway for
+// BASE/orphan every 50 ms, logging CLOCK_BOOTTIME (the journal's mono_ns)
+// and what became of each try, until it is killed.
+const orphan = `
+import os, signal, sys, time, urllib.request, urllib.error
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+base, log = sys.argv[1], open(sys.argv[2], "a", buffering=1)
+while True:
+    t = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    try:
+        urllib.request.urlopen(base + "/orphan", timeout=5).read()
+        what = "ok"
+    except urllib.error.HTTPError as e:
+        what = "http %d" % e.code
+    except urllib.error.URLError as e:
+        what = "refused" if isinstance(e.reason, ConnectionRefusedError) else "error %r" % (e.reason,)
+    except Exception as e:
+        what = "error %r" % (e,)
+    log.write("%d %s\n" % (t, what))
+    time.sleep(0.05)
+`
+
+// 3. An orphan that kept the URL (it ignores TERM and left the session):
+// after a cancel, and separately after the lease passes, its connects are
+// refused and the upstream sees nothing more; the request in flight at that
+// moment (a slow response) is cut and listed in authority_revoked.cut.
+func TestRevokedAtTheIntent(t *testing.T) {
+	for _, how := range []string{"cancel", "lease"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t, nil)
+			_, file := newSecret(t)
+			root := runtest.NewRoot(t)
+			py := writeScript(t, "orphan.py", orphan)
+			log := filepath.Join(t.TempDir(), "orphan.log")
+			job := fmt.Sprintf(`setsid -f %s %s "$AGENT_WRAP_HTTP_GH" %s
+exec curl -sS -N "$AGENT_WRAP_HTTP_GH/slow"`, python, py, log)
+			id := "cut-" + how
+			c := runtest.Start(t, root, "run", "--lease", "2m", "--grace", "3s",
+				"--http", "gh="+up.base()+"/api", "--http-secret", "gh=file:"+file, "--http-ca", "gh="+up.caFile,
+				id, "--", "sh", "-c", job)
+			run := runtest.Run{Root: root, ID: id}
+			t.Cleanup(run.Kill)
+			select {
+			case <-up.started:
+			case <-time.After(runtest.Patience):
+				t.Fatalf("the slow request never reached the upstream; stderr: %s", c.Stderr.String())
+			}
+			waitFor(t, "the orphan's first accepted request", func() bool {
+				b, _ := os.ReadFile(log)
+				return strings.Contains(string(b), " ok\n")
+			})
+			if how == "cancel" {
+				if code, _, stderr := aw(t, root, "cancel", id); code != 0 {
+					t.Fatalf("cancel: %d %s", code, stderr)
+				}
+			} else if code, _, stderr := aw(t, root, "renew", "--lease", "1s", id); code != 0 {
+				t.Fatalf("renew: %d %s", code, stderr)
+			}
+			c.Wait(t)
+			run.AssertGroupEmpty(t)
+
+			es := run.Journal(t)
+			var revoked *journal.Entry
+			for i := range es {
+				if es[i].Event == "authority_revoked" && field(es[i], "channel") == "http:gh" {
+					revoked = &es[i]
+				}
+			}
+			if revoked == nil {
+				t.Fatalf("no authority_revoked for http:gh: %v", run.Events(t))
+			}
+			intent := "cancel_requested"
+			if how == "lease" {
+				intent = "deadline_expired"
+			}
+			var intentSeq int64
+			for _, e := range es {
+				if e.Event == intent {
+					intentSeq = e.Seq
+				}
+			}
+			if intentSeq == 0 || intentSeq > revoked.Seq {
+				t.Fatalf("%s at %d, authority_revoked at %d: %v", intent, intentSeq, revoked.Seq, run.Events(t))
+			}
+			// The slow request was in flight: accepted, then cut.
+			var slow int64
+			for _, a := range events(es, "action") {
+				if strings.HasSuffix(field(a, "target"), "/api/slow") && field(a, "decision") == "accepted" {
+					slow = a.Seq
+				}
+				if a.Seq > intentSeq && field(a, "decision") == "accepted" {
+					t.Errorf("action %d accepted after the intent (%d)", a.Seq, intentSeq)
+				}
+			}
+			if cut := field(*revoked, "cut"); cut != fmt.Sprintf("[%d]", slow) {
+				t.Errorf("authority_revoked cut %s; want [%d], the slow request", cut, slow)
+			}
+			ended := false
+			for _, e := range events(es, "action_end") {
+				if field(e, "action") == fmt.Sprint(slow) {
+					ended = field(e, "cut") == "true" && e.Seq < revoked.Seq
+				}
+			}
+			if !ended {
+				t.Errorf("the slow request %d has no action_end with cut true before the revocation", slow)
+			}
+			// The orphan: nothing accepted after the revocation, and it tried.
+			b, _ := os.ReadFile(log)
+			after := 0
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				var at int64
+				var what string
+				fmt.Sscanf(line, "%d", &at)
+				_, what, _ = strings.Cut(line, " ")
+				if at <= revoked.MonoNS {
+					continue
+				}
+				after++
+				if what != "refused" {
+					t.Errorf("the orphan's try after the revocation: %q, want refused", line)
+				}
+			}
+			if after == 0 {
+				t.Errorf("the orphan made no try after the revocation (grace 3s):\n%s", b)
+			}
+			t.Logf("%s at seq %d, authority_revoked at %d cut %s; the orphan tried %d times after it, all refused",
+				intent, intentSeq, revoked.Seq, field(*revoked, "cut"), after)
+			for _, r := range up.requests() {
+				if r.At > revoked.MonoNS {
+					t.Errorf("the upstream saw %s %s after the revocation", r.Method, r.Path)
+				}
+			}
+		})
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 )
@@ -41,6 +43,7 @@ func TestMain(m *testing.M) {
 // seen is one request as the upstream received it.
 type seen struct {
 	Method, Path, Query, Auth, Upgrade string
+	At                                 int64 // CLOCK_BOOTTIME, as the journal's mono_ns
 }
 
 // upstream is a TLS server that records every request it receives.
@@ -80,7 +83,9 @@ func newUpstream(t *testing.T, extra http.Handler) *upstream {
 
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
-	u.reqs = append(u.reqs, seen{Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery,
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	u.reqs = append(u.reqs, seen{At: ts.Nano(), Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery,
 		Auth: r.Header.Get("Authorization"), Upgrade: r.Header.Get("Upgrade")})
 	u.mu.Unlock()
 	switch {
