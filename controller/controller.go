@@ -133,6 +133,10 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	if err := rundir.ValidID(cfg.ID); err != nil {
 		return nil, err
 	}
+	gw, gateways, err := newHTTPLaunch(cfg.HTTP)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Lease == 0 {
 		cfg.Lease = 5 * time.Minute
 	}
@@ -152,10 +156,6 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	if cfg.Notice == nil {
 		w := cfg.Stderr
 		cfg.Notice = func(s string) { fmt.Fprintf(w, "agent-wrap: %s\n", s) }
-	}
-	gw, gateways, err := newHTTPLaunch(cfg.HTTP)
-	if err != nil {
-		return nil, err
 	}
 	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.Ledger, cfg.ID)
 	if err != nil {
@@ -179,13 +179,12 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	r.rec = ledger.Record{
 		RunID: cfg.ID, Dest: cfg.Dest, State: ledger.Launching,
 		Rsh: cfg.Rsh, RemoteBin: cfg.RemoteBin, RemoteRoot: cfg.RemoteRoot,
-		Command: argv, Lease: lease, Grace: cfg.Grace.Seconds(),
+		Command: argv, HTTP: gateways, Lease: lease, Grace: cfg.Grace.Seconds(),
 		CreatedAt: now, ControllerPID: os.Getpid(),
 	}
 	if st, err := proc.ReadStat(os.Getpid()); err == nil {
 		r.rec.ControllerStart = st.Start
 	}
-	r.rec.HTTP = gateways
 	if err := cfg.Ledger.Create(&r.rec); err != nil {
 		h.close()
 		return nil, err
