@@ -55,7 +55,7 @@ func runSSH(e *Env, args []string) int {
 		fs.Lookup(name).DefValue = "" // the defaults are in the usage text
 	}
 	var hf httpgw.Flags
-	addHTTPFlags(fs, &hf) // read here, sent over the launch's stdin (ssh_http.go)
+	addHTTPFlags(fs, &hf)     // read here, sent over the launch's stdin (ssh_http.go)
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
