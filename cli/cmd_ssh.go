@@ -20,7 +20,7 @@ func init() {
 		summary:  "run a job on another host so that it cannot be lost (the controller side)",
 		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
 		help:     sshHelp,
-		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage or a run ID already in the ledger; 78 unsafe ledger",
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage (an --http* flag too) or a run ID already in the ledger; 66 an --http-secret or --http-ca that cannot be had (nothing recorded or launched); 78 unsafe ledger",
 		run:      runSSH,
 	})
 }
