@@ -330,13 +330,24 @@ func httploop(args []string, stdout, stderr io.Writer) int {
 		}
 		return time.Since(t0).Seconds(), nb, err
 	}
-	small, err := bench.Interleave(10, n,
+	// Reuse is counted over the samples, not the warm-up rounds.
+	const warmup = 10
+	var callsD, callsG int
+	small, err := bench.Interleave(warmup, n,
 		func() (float64, error) {
-			d, _, err := get(dc, direct+"/small", &s.ReusedDirect, nil)
+			var reused *int
+			if callsD++; callsD > warmup {
+				reused = &s.ReusedDirect
+			}
+			d, _, err := get(dc, direct+"/small", reused, nil)
 			return d, err
 		},
 		func() (float64, error) {
-			d, _, err := get(gc, base+"/small", &s.ReusedGW, &s.GatewayCount)
+			var reused *int
+			if callsG++; callsG > warmup {
+				reused = &s.ReusedGW
+			}
+			d, _, err := get(gc, base+"/small", reused, &s.GatewayCount)
 			return d, err
 		})
 	if err != nil {
@@ -344,8 +355,6 @@ func httploop(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	s.Direct, s.Gateway = small[0], small[1]
-	// The warm-up rounds are not samples: count reuse over the samples only.
-	s.ReusedDirect, s.ReusedGW = min(s.ReusedDirect, n), min(s.ReusedGW, n)
 	q := "/big?bytes=" + strconv.Itoa(httpBigBytes)
 	bigs, err := bench.Interleave(1, big,
 		func() (float64, error) {
