@@ -252,8 +252,16 @@ func Parse(f Flags) ([]*Spec, error) {
 func parseUpstream(raw string) (*url.URL, string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
+		// url's error quotes the whole value, which may hold a password.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, "", fmt.Errorf("not a URL: %v", err)
 	}
+	// Messages show the URL with any password masked.
+	hash := strings.Contains(raw, "#")
+	raw = u.Redacted()
 	switch {
 	case u.Scheme != "https" && u.Scheme != "http":
 		return nil, "", fmt.Errorf("%q: the scheme must be https", raw)
@@ -261,7 +269,7 @@ func parseUpstream(raw string) (*url.URL, string, error) {
 		return nil, "", fmt.Errorf("%q holds a user name or password: give the credential with --http-secret", raw)
 	case u.RawQuery != "" || u.ForceQuery:
 		return nil, "", fmt.Errorf("%q has a query string", raw)
-	case u.Fragment != "" || strings.Contains(raw, "#"):
+	case u.Fragment != "" || hash:
 		return nil, "", fmt.Errorf("%q has a fragment", raw)
 	case u.Opaque != "" || u.Hostname() == "":
 		return nil, "", fmt.Errorf("%q names no host", raw)
