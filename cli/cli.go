@@ -26,6 +26,7 @@ const (
 	ExitUnknown    = 4  // reconcile: some outcome is unknown
 	ExitUsage      = 64 // EX_USAGE
 	ExitNoRun      = 66 // EX_NOINPUT: no such run
+	ExitNoInput    = 66 // EX_NOINPUT: a --http secret or CA file is missing, unreadable, unsafe or empty
 	ExitSoftware   = 70 // EX_SOFTWARE: launch failure other than 126/127
 	ExitTempFail   = 75 // EX_TEMPFAIL: the ID is live or its outcome unknown
 	ExitUnsafeRoot = 78 // EX_CONFIG: the run root is unsafe

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/handoff"
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -19,7 +20,7 @@ func init() {
 		summary:  "run a job on another host so that it cannot be lost (the controller side)",
 		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
 		help:     sshHelp,
-		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage or a run ID already in the ledger; 78 unsafe ledger",
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage (an --http* flag too) or a run ID already in the ledger; 66 an --http-secret or --http-ca that cannot be had (nothing recorded or launched); 78 unsafe ledger",
 		run:      runSSH,
 	})
 }
@@ -32,7 +33,10 @@ confirmed remote cancel over a new connection. The job's stdout and stderr
 arrive byte for byte; the job's stdin is /dev/null. Inside a run
 ($AGENT_WRAP_CONTROL set by its wrapper) the run is registered with that run
 before the launch, its lease capped at that run's time left, and it is
-cancelled before that run stops. See docs/controller.md.
+cancelled before that run stops. The --http* flags are run's (the job gets
+a URL, not a token): the secrets and CA files are read here, on the
+controller, and sent over the launch connection's stdin, never to the host's
+disk or any command line. See docs/controller.md.
 `
 
 func runSSH(e *Env, args []string) int {
@@ -50,6 +54,8 @@ func runSSH(e *Env, args []string) int {
 	for _, name := range []string{"lease", "grace", "renew-every", "give-up"} {
 		fs.Lookup(name).DefValue = "" // the defaults are in the usage text
 	}
+	var hf httpgw.Flags
+	addHTTPFlags(fs, &hf)     // read here, sent over the launch's stdin (ssh_http.go)
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
@@ -97,6 +103,11 @@ func runSSH(e *Env, args []string) int {
 		}
 		cfg.Rsh = words
 	}
+	specs, code := e.sshGateways(hf, cfg.Rsh)
+	if code != 0 {
+		return code
+	}
+	cfg.HTTP = specs
 	l, code := e.openLedger(*ledgerDir, true)
 	if l == nil {
 		return code

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/reconcile"
@@ -48,6 +49,10 @@ type Config struct {
 	// run, bounded by it (nested.go). "": not inside a run.
 	Control    string
 	OuterRunID string
+	// HTTP are the run's credential gateways, loaded (httpgw.Load: their
+	// secrets and CA files read here); the launch sends them to the host
+	// over its stdin (http.go). nil: none.
+	HTTP []*httpgw.Spec
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
@@ -91,6 +96,7 @@ type Run struct {
 	lostSaid    atomic.Bool // the current loss was said; cleared when attached
 	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
 	nest        *nested     // the outer run, inside a run (nested.go); set before Follow's goroutines
+	gw          *httpLaunch // the gateways the launch sends (http.go)
 }
 
 // ID returns the run ID.
@@ -127,6 +133,10 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	if err := rundir.ValidID(cfg.ID); err != nil {
 		return nil, err
 	}
+	gw, gateways, err := newHTTPLaunch(cfg.HTTP)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Lease == 0 {
 		cfg.Lease = 5 * time.Minute
 	}
@@ -152,7 +162,7 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		return nil, err
 	}
 	r := &Run{
-		cfg: cfg, argv: argv, h: h,
+		cfg: cfg, argv: argv, h: h, gw: gw,
 		ev:        &eventLog{w: cfg.Events, id: cfg.ID},
 		out:       &countingWriter{w: cfg.Stdout},
 		errw:      &countingWriter{w: cfg.Stderr},
@@ -169,7 +179,7 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	r.rec = ledger.Record{
 		RunID: cfg.ID, Dest: cfg.Dest, State: ledger.Launching,
 		Rsh: cfg.Rsh, RemoteBin: cfg.RemoteBin, RemoteRoot: cfg.RemoteRoot,
-		Command: argv, Lease: lease, Grace: cfg.Grace.Seconds(),
+		Command: argv, HTTP: gateways, Lease: lease, Grace: cfg.Grace.Seconds(),
 		CreatedAt: now, ControllerPID: os.Getpid(),
 	}
 	if st, err := proc.ReadStat(os.Getpid()); err == nil {
@@ -307,7 +317,7 @@ func (r *Run) Follow(ctx context.Context) int {
 
 func (r *Run) isLaunched() bool { return isClosed(r.launched) }
 
-func (r *Run) markLaunched() { r.launchOnce.Do(func() { close(r.launched) }) }
+func (r *Run) markLaunched() { r.launchOnce.Do(func() { close(r.launched); r.gw.forget() }) }
 
 // launch runs `run --detach ... 2>&1 && exec attach` on one connection.
 // The detach's words (its record last) come first on stdout; what comes
@@ -321,7 +331,8 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	if l := r.nestedLaunchLease(); l != "" {
 		lease = l
 	}
-	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String(), r.cfg.ID, "--"}, r.argv...)
+	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String()}, r.gw.args...)
+	words = append(append(words, r.cfg.ID, "--"), r.argv...)
 	// --from before the ID: an agent-wrap too old to know attach reads
 	// this as the short form of run with an unknown flag, a usage error
 	// (64) found before any claim, rather than run a job named RUN_ID.
@@ -339,7 +350,9 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
 	errw := r.newLaunchStderr()
-	res := r.h.call(ctx, line, pw, errw)
+	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
+	res := r.h.call(withStdin(ctx, stdin), line, pw, errw)
+	forget()
 	pw.Close()
 	<-done
 	res.early = errw.end()

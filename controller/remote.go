@@ -317,6 +317,7 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	args = append(args, h.dest, line)
 	cmd := exec.Command(h.rsh[0], args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.Stdin = stdinOf(ctx) // nil: /dev/null; the launch's gateway secrets (http.go)
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client
 	// behind to launch or act later, behind the back of a settle

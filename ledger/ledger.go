@@ -75,6 +75,9 @@ type Record struct {
 	RemotePID  int      `json:"remote_pid,omitempty"`
 	RemotePGID int      `json:"remote_pgid,omitempty"`
 	BootID     string   `json:"boot_id,omitempty"`
+	// HTTP are the run's credential gateways (agent-wrap ssh --http), without
+	// their secrets.
+	HTTP []HTTPGateway `json:"http,omitempty"`
 	// StdoutBytes and StderrBytes count what the controller delivered of
 	// each stream (the offsets a reattach starts from), as of the last update.
 	StdoutBytes int64     `json:"stdout_bytes,omitempty"`
