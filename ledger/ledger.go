@@ -123,7 +123,6 @@ func (r *Record) MarkSettled(outcome string, code int, cause, reason string) {
 	r.ControllerPID, r.ControllerStart = 0, 0
 }
 
-
 // Driven reports whether the record says a controller is driving the run:
 // not settled, and not released by its controller (which clears
 // ControllerPID when it gives up).
@@ -350,4 +349,3 @@ func NewID() string {
 	}
 	return out.String()
 }
-

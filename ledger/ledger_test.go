@@ -290,7 +290,7 @@ func TestResolve(t *testing.T) {
 func TestRedact(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"postgres://u:s3cret@db:5432/x?sslmode=require": "postgres://u:xxxxx@db:5432/x?sslmode=require",
+		"postgres://u:s3cret@db:5432/x?sslmode=require":     "postgres://u:xxxxx@db:5432/x?sslmode=require",
 		"postgres://u@db/x?password=s3cret&sslmode=disable": "postgres://u@db/x?password=xxxxx&sslmode=disable",
 		"postgresql://u:s3cret@h1,h2/x":                     "postgresql://u:xxxxx@h1,h2/x",
 		"/var/lib/ledger":                                   "/var/lib/ledger",
