@@ -289,14 +289,25 @@ func IsURL(s string) bool {
 	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
 }
 
-// Open opens the ledger s names: a postgres:// or postgresql:// URL (one
-// connection, for a short command; a controller uses OpenPostgres with a
-// pool), else a directory (OpenFiles; create makes it).
+// Open opens the ledger s names for a short command: a postgres:// or
+// postgresql:// URL (one connection, the schema checked), else a
+// directory (OpenFiles; create makes it).
 func Open(ctx context.Context, s string, create bool) (Store, error) {
 	if IsURL(s) {
 		return OpenPostgres(ctx, s, false)
 	}
 	return OpenFiles(s, create)
+}
+
+// OpenForController opens the ledger s names for a controller, which
+// writes from many goroutines and keeps going while a database is away: a
+// URL gets a connection pool that connects when first used; a directory
+// is made if missing.
+func OpenForController(ctx context.Context, s string) (Store, error) {
+	if IsURL(s) {
+		return OpenPostgres(ctx, s, true)
+	}
+	return OpenFiles(s, true)
 }
 
 // Resolve returns the ledger: flag, else $AGENT_WRAP_LEDGER, else
