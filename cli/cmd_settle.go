@@ -88,9 +88,6 @@ func runSettle(e *Env, args []string) int {
 		switch found {
 		case controller.SettleDone, controller.SettleUnknown:
 			line := rec.RunID + ": " + rec.Outcome
-			if errors.Is(err, controller.ErrAlreadySettled) {
-				line = rec.RunID + ": already settled: " + rec.Outcome
-			}
 			if rec.ExitCode != nil {
 				line += fmt.Sprintf(" (exit %d)", *rec.ExitCode)
 			}

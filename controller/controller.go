@@ -42,9 +42,9 @@ type Config struct {
 	// removed by Follow, or by Settle after a controller was killed).
 	// Default: os.TempDir().
 	LogDir string
-	Events io.Writer      // controller events as JSON lines; nil: none
-	Stdout io.Writer      // the job's stdout; required
-	Stderr io.Writer      // the job's stderr; required
+	Events io.Writer // controller events as JSON lines; nil: none
+	Stdout io.Writer // the job's stdout; required
+	Stderr io.Writer // the job's stderr; required
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
