@@ -9,7 +9,7 @@ BIN := bin/agent-wrap
 
 export CGO_ENABLED := 0
 
-.PHONY: build test deps lint demo bench dist clean
+.PHONY: build test deps lint demo bench dist cross clean
 
 # What the tests need besides Go: installed as root with apt-get, else named.
 deps:
@@ -18,21 +18,40 @@ deps:
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent-wrap
 
-# Static release builds for `agent-wrap deploy`: dist/agent-wrap-linux-{amd64,arm64}
-# and dist/SHA256SUMS. DISTDIR=DIR builds elsewhere (the deploy tests do).
+# The five systems agent-wrap is built for: the host side is Linux only; the
+# controller (ssh, ledger, settle) runs on all five (docs/controller.md).
+PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 freebsd/amd64
+
+# Static release builds: dist/agent-wrap-OS-ARCH for each platform and
+# dist/SHA256SUMS (`agent-wrap deploy` sends the linux ones). DISTDIR=DIR
+# builds elsewhere (the deploy tests do).
 dist:
-	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; \
-	for arch in amd64 arm64; do \
-		echo "+ GOOS=linux GOARCH=$$arch $(GO) build -o $$d/agent-wrap-linux-$$arch"; \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
-			-o "$$d/agent-wrap-linux-$$arch" ./cmd/agent-wrap; \
+	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; names=; \
+	for p in $(PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; names="$$names agent-wrap-$$os-$$arch"; \
+		echo "+ GOOS=$$os GOARCH=$$arch $(GO) build -o $$d/agent-wrap-$$os-$$arch"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
+			-o "$$d/agent-wrap-$$os-$$arch" ./cmd/agent-wrap; \
 	done; \
-	cd "$$d" && sha256sum agent-wrap-linux-amd64 agent-wrap-linux-arm64 >SHA256SUMS && cat SHA256SUMS
+	cd "$$d" && sha256sum $$names >SHA256SUMS && cat SHA256SUMS
+
+# Fast portability check, no emulator: agent-wrap builds for every platform,
+# and on each one that is not Linux, go vet (test files too) passes on every
+# package of this module the build links. A Linux-only import or call in a
+# package the controller needs fails here the day it is written.
+cross:
+	@set -e; for p in $(PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; \
+		echo "+ GOOS=$$os GOARCH=$$arch $(GO) build ./cmd/agent-wrap"; \
+		GOOS=$$os GOARCH=$$arch $(GO) build -o /dev/null ./cmd/agent-wrap; \
+		[ $$os = linux ] && continue; \
+		pkgs=$$(GOOS=$$os GOARCH=$$arch $(GO) list -deps ./cmd/agent-wrap | grep '^$(PKG)/'); \
+		echo "+ GOOS=$$os GOARCH=$$arch $(GO) vet" $$(echo $$pkgs | sed 's|$(PKG)/|./|g'); \
+		GOOS=$$os GOARCH=$$arch $(GO) vet $$pkgs; \
+	done
 
 # Every test: unit, process-tree, CLI scripts and the end-to-end SSH tests.
 # .ci/deps installs what they need (as root, with apt-get) or stops, naming
 # it; under CI=true a skipped test fails the run.
-test: deps build
+test: deps build cross
 	$(GO) vet ./...
 	@if [ "$$CI" = true ]; then set -x; .ci/noskip $(GO) test -count=1 -timeout 15m ./...; \
 	else set -x; $(GO) test -count=1 -timeout 15m ./...; fi

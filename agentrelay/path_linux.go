@@ -26,12 +26,23 @@ const SocketName = "agent.sock"
 // /tmp/agent-wrap-UID, created mode 0700 and refused when it is a symlink,
 // someone else's or open to group or others.
 func SocketPath(runDir string, getenv func(string) string) (string, error) {
-	p := filepath.Join(runDir, SocketName)
+	return SocketPathNamed(runDir, SocketName, getenv)
+}
+
+// SocketPathNamed is SocketPath for another socket of the run, runDir/name
+// (the wrapper's control socket): the short name is derived from runDir
+// and name, so two sockets of one run never share it.
+func SocketPathNamed(runDir, name string, getenv func(string) string) (string, error) {
+	p := filepath.Join(runDir, name)
 	if len(p) <= MaxSocketPath {
 		return p, nil
 	}
-	sum := sha256.Sum256([]byte(runDir))
-	name := strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:15])) + ".sock"
+	seed := runDir
+	if name != SocketName {
+		seed = p
+	}
+	sum := sha256.Sum256([]byte(seed))
+	short := strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:15])) + ".sock"
 	var dirs []string
 	if rt := getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(rt) {
 		dirs = append(dirs, filepath.Join(rt, "agent-wrap"))
@@ -39,7 +50,7 @@ func SocketPath(runDir string, getenv func(string) string) (string, error) {
 	dirs = append(dirs, "/tmp/agent-wrap-"+strconv.Itoa(os.Geteuid()))
 	var firstErr error
 	for _, dir := range dirs {
-		p := filepath.Join(dir, name)
+		p := filepath.Join(dir, short)
 		if len(p) > MaxSocketPath {
 			continue
 		}
@@ -54,7 +65,7 @@ func SocketPath(runDir string, getenv func(string) string) (string, error) {
 	if firstErr == nil {
 		firstErr = fmt.Errorf("no directory short enough for a socket path")
 	}
-	return "", fmt.Errorf("agent socket for %s: %w", runDir, firstErr)
+	return "", fmt.Errorf("socket %s for %s: %w", name, runDir, firstErr)
 }
 
 // privateDir makes sure dir is a directory of ours that nobody else can

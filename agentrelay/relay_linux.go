@@ -219,7 +219,7 @@ func (r *Relay) accept() {
 			}
 			continue // EMFILE and the like: the next accept may succeed
 		}
-		c := &conn{relay: r, client: nc, caller: peer(nc)}
+		c := &conn{relay: r, client: nc, caller: Peer(nc)}
 		r.mu.Lock()
 		if r.revoked {
 			r.mu.Unlock()
@@ -233,10 +233,11 @@ func (r *Relay) accept() {
 	}
 }
 
-// peer reads the connecting process's credentials (SO_PEERCRED: as of
+// Peer reads the connecting process's credentials (SO_PEERCRED: as of
 // connect) and its start time. A caller whose stat cannot be read gets
 // start 0, which no live process has, so each of its requests is refused.
-func peer(nc *net.UnixConn) Caller {
+// The wrapper's control socket judges its callers with it too.
+func Peer(nc *net.UnixConn) Caller {
 	var cred *unix.Ucred
 	if rc, err := nc.SyscallConn(); err == nil {
 		_ = rc.Control(func(fd uintptr) {

@@ -1,3 +1,5 @@
+//go:build linux
+
 package cli
 
 import (
@@ -27,10 +29,15 @@ validating every process it signals. A run already over is printed, untouched.`,
 	register(&command{
 		name:     "renew",
 		summary:  "extend a run's lease",
-		synopsis: "renew [--lease D] RUN_ID",
+		synopsis: "renew [--lease D] [--json] RUN_ID...",
 		help: `The deadline becomes now + D. A run that is over, cancelling, or whose
-deadline has already passed is refused: an expired lease is never revived.`,
-		exits: "0 renewed; 1 refused; 66 no such run; 64 usage; 78 unsafe run root",
+deadline has already passed is refused: an expired lease is never revived.
+
+With more than one RUN_ID, or with --json, each run is renewed in turn, each
+under its own lock, and one JSON line per run says what became of it
+(run_id, renewed, state, deadline_epoch, reason): a controller renews all its
+runs on one host over one session this way.`,
+		exits: "0 renewed (every run named); 1 refused (some run); 66 no such run (the single-run form); 64 usage; 78 unsafe run root",
 		run:   runRenew,
 	})
 }
@@ -107,11 +114,15 @@ func runRenew(e *Env, args []string) int {
 	fs := e.flags("renew")
 	var d durationValue
 	fs.Var(&d, "lease", "new lease `D` from now (default: the run's own lease)")
+	asJSON := fs.Bool("json", false, "one JSON line per run (the form for several RUN_IDs)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
-	if fs.NArg() != 1 {
-		return e.usageError("renew takes one RUN_ID")
+	if fs.NArg() == 0 {
+		return e.usageError("renew takes a RUN_ID")
+	}
+	if *asJSON || fs.NArg() > 1 {
+		return e.renewMany(fs.Args(), time.Duration(d))
 	}
 	root, dir, code := e.openRun(fs.Arg(0))
 	if dir == nil {

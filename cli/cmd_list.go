@@ -1,3 +1,5 @@
+//go:build linux
+
 package cli
 
 import (
@@ -26,17 +28,18 @@ func init() {
 	})
 }
 
-const listHelp = `One line per run: RUN_ID, STATE (the record's state, or "unreadable"),
+const listHelp = `One line per run: RUN_ID, STATE (the record's state; "lost" when the
+record is not terminal and its wrapper is gone; "unreadable"),
 OUTCOME (what 'agent-wrap reconcile' says now: completed, cancelled,
 running, running (supervisor lost), unknown), PID, AGE, LEASE_LEFT, EXIT
 and CAUSE. --json prints the same per run as one JSON object per line, every
-field always present: run_id, state, outcome, supervisor, pid, created_at,
+field always present: run_id, state, record_state, outcome, supervisor, pid, created_at,
 deadline_epoch, exit_code, cause, reason, error ("" or null when not known).`
 
 // listRow is one run in `list --json`, and the source of its table line.
 type listRow struct {
 	RunID         string `json:"run_id"`
-	State         string `json:"state"`      // the record's state; "unreadable" when there is no readable record
+	State         string `json:"state"`      // the judged state: the record's, "lost" when its wrapper is gone before a final record, "unreadable" when there is no readable record
 	Outcome       string `json:"outcome"`    // reconcile's outcome now
 	Supervisor    string `json:"supervisor"` // alive, lost or none, as reconcile says
 	PID           int    `json:"pid"`
@@ -44,12 +47,18 @@ type listRow struct {
 	DeadlineEpoch *int64 `json:"deadline_epoch"`
 	ExitCode      *int   `json:"exit_code"` // null until the run is terminal
 	Cause         string `json:"cause"`
-	Reason        string `json:"reason"` // reconcile's reason when the outcome is unknown
-	Error         string `json:"error"`  // why the record could not be read
+	Reason        string `json:"reason"`       // reconcile's reason when the outcome is unknown
+	Error         string `json:"error"`        // why the record could not be read
+	RecordState   string `json:"record_state"` // the record's own state; "" when unreadable
 }
 
 // stateUnreadable is list's STATE for a run without a readable record.
 const stateUnreadable = "unreadable"
+
+// stateLost is list's STATE for a run whose record is not terminal while
+// its wrapper is gone (reconcile's supervisor "lost"): the record's state
+// is then a claim nobody keeps, and is shown as record_state only.
+const stateLost = "lost"
 
 func runList(e *Env, args []string) int {
 	fs := e.flags("list")
@@ -126,6 +135,12 @@ func listRowFor(root *rundir.Root, id string) listRow {
 	}
 	rec := in.Record
 	row.State, row.Cause, row.PID, row.CreatedAt, row.ExitCode = rec.State, rec.Cause, rec.PID, rec.CreatedAt, rec.ExitCode
+	row.RecordState = rec.State
+	if v.Supervisor == reconcile.SupervisorLost {
+		// The record is not terminal but nothing supervises the run: it is
+		// not "running" (nor "cancelling"), whatever the record still says.
+		row.State = stateLost
+	}
 	return row
 }
 
@@ -145,7 +160,9 @@ func (r listRow) age(now time.Time) string {
 }
 
 func (r listRow) leaseLeft(now time.Time) string {
-	if r.DeadlineEpoch == nil || statusfile.Terminal(r.State) || r.State == stateUnreadable {
+	// A lost run's lease is enforced by nobody but the watchdog: no
+	// countdown is shown for it.
+	if r.DeadlineEpoch == nil || statusfile.Terminal(r.State) || r.State == stateUnreadable || r.State == stateLost {
 		return "-"
 	}
 	d := time.Unix(*r.DeadlineEpoch, 0).Sub(now).Truncate(time.Second)

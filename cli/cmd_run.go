@@ -1,3 +1,5 @@
+//go:build linux
+
 package cli
 
 import (
@@ -5,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -31,31 +32,6 @@ func init() {
 	})
 }
 
-// durationValue is a pflag value that takes a Go duration ("90s", "5m") or
-// a bare number of seconds ("30", "0.5").
-type durationValue time.Duration
-
-func (d *durationValue) String() string { return time.Duration(*d).String() }
-func (d *durationValue) Type() string   { return "duration" }
-func (d *durationValue) Set(s string) error {
-	if v, err := strconv.ParseFloat(s, 64); err == nil {
-		if v < 0 {
-			return errors.New("must not be negative")
-		}
-		*d = durationValue(time.Duration(v * float64(time.Second)))
-		return nil
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("not a duration (like 30s, 5m or a number of seconds)")
-	}
-	if v < 0 {
-		return errors.New("must not be negative")
-	}
-	*d = durationValue(v)
-	return nil
-}
-
 const runHelp = `run claims RUN_ID (the directory ROOT/RUN_ID: an ID is used once, ever),
 starts CMD in a session of its own, streams its output here while it can,
 and stops the whole process group (TERM, grace, KILL) when the lease passes,
@@ -75,11 +51,13 @@ type runFlags struct {
 	cgroup       string
 	agent        string
 	detachFD     int // set only in the supervisor that --detach starts (detach.go)
+	// handoffGrace is --handoff-grace; -1: not given (the grace).
+	handoffGrace durationValue
 }
 
 func runRun(e *Env, args []string) int {
 	fs := e.flags("run")
-	rf := runFlags{lease: durationValue(5 * time.Minute), grace: durationValue(5 * time.Second)}
+	rf := runFlags{lease: durationValue(5 * time.Minute), grace: durationValue(5 * time.Second), handoffGrace: -1}
 	fs.Var(&rf.lease, "lease", "lease `D`: the job is stopped unless renewed before it passes (0: no lease)")
 	fs.Var(&rf.grace, "grace", "time `D` between TERM and KILL when stopping")
 	fs.BoolVar(&rf.detach, "detach", false, "return once the run is running, printing its record; the supervisor lives on")
@@ -87,6 +65,8 @@ func runRun(e *Env, args []string) int {
 	fs.StringVar(&rf.onHangup, "on-hangup", wrapper.HangupCancel, "on SIGHUP: cancel or ignore")
 	fs.StringVar(&rf.cgroup, "cgroup", wrapper.CgroupAuto, "auto: give the run its own cgroup v2 where the host allows it; off: never")
 	fs.StringVar(&rf.agent, "agent", "", "scoped: the job gets a relay to $SSH_AUTH_SOCK that ends with the run (the default when it is set); inherit: the socket as is; none: no agent")
+	fs.Var(&rf.handoffGrace, "handoff-grace", "at a stop, wait up to `D` for the runs the job started on other hosts (agent-wrap ssh) to confirm their cancel, before signalling the group (default: the grace)")
+	fs.Lookup("handoff-grace").DefValue = ""
 	fs.IntVar(&rf.detachFD, "detach-fd", 0, "internal: write the running record to `FD` (the --detach supervisor)")
 	_ = fs.MarkHidden("detach-fd")
 	if code, ok := e.parse(fs, args); !ok {
@@ -132,6 +112,7 @@ func runRun(e *Env, args []string) int {
 		Diag:     e.Stderr,
 		Exiting:  e.Exits,
 	}
+	cfg.HandoffGrace = rf.handoffGraceConfig()
 	if f, ok := e.Stdin.(*os.File); ok {
 		cfg.Stdin = f
 	}
@@ -270,4 +251,16 @@ func (e *Env) existingRun(root *rundir.Root, id string) int {
 	e.errorf("run %s exists (state %s) but its wrapper is gone; its outcome is unknown; not running it again", id, rec.State)
 	e.hint("see what happened with 'agent-wrap reconcile %s'", id)
 	return ExitTempFail
+}
+
+// handoffGraceConfig maps --handoff-grace to wrapper.Config.HandoffGrace:
+// not given is 0 (the grace), an explicit 0 is no wait at all.
+func (rf *runFlags) handoffGraceConfig() time.Duration {
+	switch {
+	case rf.handoffGrace < 0:
+		return 0
+	case rf.handoffGrace == 0:
+		return -1
+	}
+	return time.Duration(rf.handoffGrace)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/controller"
+	"github.com/agent-wrap/agent-wrap/handoff"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -18,7 +19,7 @@ func init() {
 		summary:  "run a job on another host so that it cannot be lost (the controller side)",
 		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
 		help:     sshHelp,
-		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again), the ledger stayed away past --give-up, or another settle settled the run; 127 the host has no agent-wrap; 64 usage, a bad ledger URL or a run ID already in the ledger; 77 the database refused access; 78 unsafe ledger, or a database without this version's ledger",
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again), the ledger stayed away past --give-up, or another settle settled the run; 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage, a bad ledger URL or a run ID already in the ledger; 77 the database refused access; 78 unsafe ledger, or a database without this version's ledger",
 		run:      runSSH,
 	})
 }
@@ -28,7 +29,10 @@ controller's half of the contract: a ledger record written before the first
 connection, lease renewals over their own connections, a reattach from the
 byte offsets delivered after a lost connection, and on INT, TERM or HUP a
 confirmed remote cancel over a new connection. The job's stdout and stderr
-arrive byte for byte; the job's stdin is /dev/null. See docs/controller.md.
+arrive byte for byte; the job's stdin is /dev/null. Inside a run
+($AGENT_WRAP_CONTROL set by its wrapper) the run is registered with that run
+before the launch, its lease capped at that run's time left, and it is
+cancelled before that run stops. See docs/controller.md.
 `
 
 func runSSH(e *Env, args []string) int {
@@ -56,13 +60,18 @@ func runSSH(e *Env, args []string) int {
 	if len(rest) < 2 || rest[1] == "--" && len(rest) < 3 {
 		return e.usageError("ssh needs a destination and a command: ssh DEST -- CMD [ARG...]")
 	}
+	if code, bad := e.flagAfterDest(fs, args, rest); bad {
+		return code
+	}
 	dest, argv := rest[0], rest[1:]
 	if argv[0] == "--" {
 		argv = argv[1:]
 	}
 	cfg := controller.Config{Dest: dest, RemoteBin: *remoteBin, RemoteRoot: *remoteRoot, ID: *id,
 		Grace: time.Duration(grace), RenewEvery: time.Duration(renewEvery), GiveUp: time.Duration(giveUp),
-		Stdout: e.Stdout, Stderr: e.Stderr}
+		Stdout: e.Stdout, Stderr: e.Stderr,
+		// Inside a run, the run started here is a handoff of that run.
+		Control: e.Getenv(handoff.EnvControl), OuterRunID: e.Getenv(handoff.EnvRunID)}
 	switch {
 	case lease < 0:
 	case lease == 0:

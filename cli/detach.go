@@ -1,3 +1,5 @@
+//go:build linux
+
 package cli
 
 import (
@@ -80,7 +82,11 @@ func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
 
 	args := []string{os.Args[0], "--root", root.Path, "run", "--no-stream",
 		"--lease", time.Duration(rf.lease).String(), "--grace", time.Duration(rf.grace).String(),
-		"--on-hangup", rf.onHangup, "--cgroup", rf.cgroup, "--agent", rf.agent, "--detach-fd", fmt.Sprint(detachFD), id, "--"}
+		"--on-hangup", rf.onHangup, "--cgroup", rf.cgroup, "--agent", rf.agent, "--detach-fd", fmt.Sprint(detachFD)}
+	if rf.handoffGrace >= 0 {
+		args = append(args, "--handoff-grace", time.Duration(rf.handoffGrace).String())
+	}
+	args = append(args, id, "--")
 	cmd := &exec.Cmd{
 		Path:       exe,
 		Args:       append(args, argv...),

@@ -1,3 +1,5 @@
+//go:build linux
+
 package cli_test
 
 import (
@@ -90,7 +92,12 @@ func TestDetachWaitLogsFollow(t *testing.T) {
 	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", rec.PID)); err == nil {
 		got := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		want := append(os.Environ(), "AGENT_WRAP_ROOT="+root, "AGENT_WRAP_RUN_ID=det") // what runtest.Start gave the caller, and the ID
+		// What runtest.Start gave the caller, the ID and the run's control
+		// socket (for an agent-wrap ssh in the job: a nested run).
+		if rec.ControlSocket == "" {
+			t.Error("the record names no control_socket")
+		}
+		want := append(os.Environ(), "AGENT_WRAP_ROOT="+root, "AGENT_WRAP_RUN_ID=det", "AGENT_WRAP_CONTROL="+rec.ControlSocket)
 		noAgent := func(env []string) []string {
 			return slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "SSH_AUTH_SOCK=") })
 		}

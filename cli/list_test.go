@@ -1,3 +1,5 @@
+//go:build linux
+
 package cli_test
 
 import (
@@ -16,15 +18,16 @@ import (
 
 // listJSON is one line of `list --json`.
 type listJSON struct {
-	RunID      string `json:"run_id"`
-	State      string `json:"state"`
-	Outcome    string `json:"outcome"`
-	Supervisor string `json:"supervisor"`
-	PID        int    `json:"pid"`
-	ExitCode   *int   `json:"exit_code"`
-	Cause      string `json:"cause"`
-	Reason     string `json:"reason"`
-	Error      string `json:"error"`
+	RunID       string `json:"run_id"`
+	State       string `json:"state"`
+	RecordState string `json:"record_state"`
+	Outcome     string `json:"outcome"`
+	Supervisor  string `json:"supervisor"`
+	PID         int    `json:"pid"`
+	ExitCode    *int   `json:"exit_code"`
+	Cause       string `json:"cause"`
+	Reason      string `json:"reason"`
+	Error       string `json:"error"`
 }
 
 // Issue 15 (6, 8): list says what reconcile would say, in the table and in
@@ -62,9 +65,9 @@ func TestListShowsVerdict(t *testing.T) {
 	for _, re := range []string{
 		`(?m)^RUN_ID +STATE +OUTCOME +PID +AGE +LEASE_LEFT +EXIT +CAUSE$`,
 		`(?m)^bad +unreadable +unknown +- +- +- +- +-$`,
-		`(?m)^dead +running +unknown +\d+ +\S+ +\S+ +- +-$`,
+		`(?m)^dead +lost +unknown +\d+ +\S+ +- +- +-$`,
 		`(?m)^done +finished +completed +\d+ +\S+ +- +3 +-$`,
-		`(?m)^lost +running +running \(supervisor lost\) +\d+ `,
+		`(?m)^lost +lost +running \(supervisor lost\) +\d+ +\S+ +- +- +-$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("list lacks a line matching %s:\n%s", re, out)
@@ -82,7 +85,7 @@ func TestListShowsVerdict(t *testing.T) {
 			t.Fatalf("list --json line %q: %v", line, err)
 		}
 		// Every field is always there: null or "" when not known.
-		for _, key := range []string{"run_id", "state", "outcome", "supervisor", "pid", "created_at", "deadline_epoch", "exit_code", "cause", "reason", "error"} {
+		for _, key := range []string{"run_id", "state", "record_state", "outcome", "supervisor", "pid", "created_at", "deadline_epoch", "exit_code", "cause", "reason", "error"} {
 			if !strings.Contains(line, `"`+key+`":`) {
 				t.Errorf("list --json line lacks %q: %s", key, line)
 			}
@@ -91,14 +94,20 @@ func TestListShowsVerdict(t *testing.T) {
 	}
 	want := map[string]listJSON{
 		"bad":  {State: "unreadable", Outcome: "unknown", Supervisor: "none"},
-		"dead": {State: "running", Outcome: "unknown", Supervisor: "lost"},
-		"lost": {State: "running", Outcome: "running", Supervisor: "lost"},
+		"dead": {State: "lost", Outcome: "unknown", Supervisor: "lost"},
+		"lost": {State: "lost", Outcome: "running", Supervisor: "lost"},
 		"done": {State: "finished", Outcome: "completed", Supervisor: "none"},
 	}
 	for id, w := range want {
 		g := rows[id]
 		if g.State != w.State || g.Outcome != w.Outcome || g.Supervisor != w.Supervisor {
 			t.Errorf("list --json %s: state %q outcome %q supervisor %q; want %q %q %q", id, g.State, g.Outcome, g.Supervisor, w.State, w.Outcome, w.Supervisor)
+		}
+	}
+	// The record's own state is kept beside the judged one.
+	for _, id := range []string{"dead", "lost"} {
+		if rows[id].RecordState != "running" {
+			t.Errorf("list --json %s: record_state %q, want running", id, rows[id].RecordState)
 		}
 	}
 	if rows["bad"].Error == "" || rows["dead"].Reason == "" || rows["done"].ExitCode == nil || *rows["done"].ExitCode != 3 {

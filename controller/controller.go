@@ -45,6 +45,12 @@ type Config struct {
 	Events io.Writer // controller events as JSON lines; nil: none
 	Stdout io.Writer // the job's stdout; required
 	Stderr io.Writer // the job's stderr; required
+	// Control is the outer wrapper's control socket when the controller
+	// runs inside a run (the job's AGENT_WRAP_CONTROL), and OuterRunID that
+	// run's ID (AGENT_WRAP_RUN_ID): the run is then a handoff of the outer
+	// run, bounded by it (nested.go). "": not inside a run.
+	Control    string
+	OuterRunID string
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
@@ -52,7 +58,9 @@ type Config struct {
 }
 
 // exitCancelledBeforeLaunch is Follow's code for a run cancelled before
-// the host ever claimed it (ledger: not_started): 143, as a cancelled run.
+// the host ever claimed it (ledger: not_started): 143, as a cancelled run,
+// whichever of INT, TERM or HUP asked (a cancel after the launch is the
+// remote `cancel`, also 143).
 const exitCancelledBeforeLaunch = 143
 
 // Backoff bounds between reattach attempts: 0.2 s doubling to 5 s.
@@ -86,6 +94,7 @@ type Run struct {
 	cancelFinal atomic.Pointer[finalWord]
 	lostSaid    atomic.Bool // the current loss was said; cleared when attached
 	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
+	nest        *nested     // the outer run, inside a run (nested.go); set before Follow's goroutines
 }
 
 // ID returns the run ID.
@@ -257,6 +266,10 @@ func (r *Run) progress() {
 // follow is Follow's loop (owner.go has Follow).
 func (r *Run) follow(ctx context.Context) int {
 	defer r.h.close()
+	if code, refused := r.registerNested(); refused {
+		return code
+	}
+	defer r.endNested() // last: the outcome is settled by then
 	ctx, stop := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer bg.Wait() // after stop: the renewals and the cancel end with ctx
@@ -275,48 +288,7 @@ func (r *Run) follow(ctx context.Context) int {
 			return r.unknown("stopped before the outcome was known")
 		}
 		if !r.isLaunched() {
-			if probe {
-				v, res := r.reconcile(ctx)
-				switch {
-				case res.lost():
-					r.detached(res.why())
-					b.wait(ctx)
-					continue
-				case res.code == 66 && r.cancelRequested():
-					r.settle(ledger.NotStarted, -1, "", "cancelled before the launch reached the host")
-					return exitCancelledBeforeLaunch
-				case res.code == 66:
-					probe = false // never claimed: launch again (the claim is atomic)
-				case v != nil:
-					// The lost launch did reach the host: the run is
-					// there (its record was not seen; reconcile has no pid).
-					r.running(&launchRecord{RunID: r.cfg.ID})
-					r.markLaunched()
-					continue
-				default:
-					return r.launchFailed(ctx, res.code, "")
-				}
-			}
-			if r.cancelRequested() && !probe {
-				// Cancelled before any launch could have reached the host.
-				r.settle(ledger.NotStarted, -1, "", "cancelled before the launch")
-				return exitCancelledBeforeLaunch
-			}
-			res, rec, said := r.launch(ctx)
-			switch {
-			case rec == nil && res.lost():
-				probe = true
-				r.detached(res.why())
-				b.wait(ctx)
-				continue
-			case rec == nil:
-				return r.launchFailed(ctx, res.code, said)
-			case res.lost():
-				r.detached(res.why())
-				b.wait(ctx)
-				continue
-			}
-			if code, done := r.finish(ctx, res.code); done {
+			if code, done := r.launchStep(ctx, &b, &probe); done {
 				return code
 			}
 			continue
@@ -352,6 +324,9 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	if r.cfg.Lease > 0 {
 		lease = r.cfg.Lease.String()
 	}
+	if l := r.nestedLaunchLease(); l != "" {
+		lease = l
+	}
 	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String(), r.cfg.ID, "--"}, r.argv...)
 	// --from before the ID: an agent-wrap too old to know attach reads
 	// this as the short form of run with an unknown flag, a usage error
@@ -369,9 +344,11 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	}()
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
-	res := r.h.call(ctx, line, pw, r.errw)
+	errw := r.newLaunchStderr()
+	res := r.h.call(ctx, line, pw, errw)
 	pw.Close()
 	<-done
+	res.early = errw.end()
 	if said.Len() > 0 {
 		// What the host said before (or instead of) a record: agent-wrap's
 		// messages, or the shell's (command not found). Not the job's, so
@@ -705,8 +682,11 @@ func (r *Run) giveUp() int {
 		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); the run was never seen to start", r.cfg.Dest, r.cfg.GiveUp)
 	}
 	r.update(func(l *ledger.Record) {
-		if l.State != ledger.Launching {
-			l.State = ledger.Detached
+		// The same whatever signals arrived: launching for a run never
+		// seen to start (settle may find it not started), else detached.
+		l.State = ledger.Detached
+		if !r.isLaunched() {
+			l.State = ledger.Launching
 		}
 		l.Reason = reason
 		l.ControllerPID, l.ControllerStart = 0, 0
@@ -735,8 +715,18 @@ func (r *Run) renewLoop(ctx context.Context) {
 		case <-t.C:
 		case <-r.renewNow:
 		}
+		nl, ok, why := r.nestedRenewal()
+		if !ok {
+			r.renewFailed.Store(true)
+			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": why})
+			return
+		}
+		words := []string{"renew", r.cfg.ID}
+		if nl > 0 {
+			words = []string{"renew", "--lease", nl.String(), r.cfg.ID}
+		}
 		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote("renew", r.cfg.ID), &out, &errb)
+		res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote(words...), &out, &errb)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -744,6 +734,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 			r.lastRenew.Store(time.Now().UnixNano())
 			r.ev.emit(EvRenewed, nil)
 			r.attached()
+			r.nestedRenewed(nl)
 		case res.lost():
 			r.ev.emit(EvRenewFailed, map[string]any{"reason": "unreachable", "error": res.why()})
 		default:

@@ -31,6 +31,12 @@
 //     returns, and makes Follow send `cancel --wait` over a new connection
 //     while the stream goes on delivering output up to the final record. It
 //     never merely kills an ssh client.
+//   - Inside a run (Config.Control, the job's AGENT_WRAP_CONTROL), Follow
+//     first registers the run with the outer wrapper and exits 75 without
+//     launching if it is refused; the lease is capped at the outer run's
+//     time left and each renewal asked first; a cancel the outer wrapper
+//     asks for is Cancel; the settled outcome is reported to it
+//     (nested.go, package handoff).
 //   - Settle asks the host (`reconcile --json`) about one unsettled run and
 //     records the outcome; it never signals anything.
 //

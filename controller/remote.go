@@ -274,8 +274,12 @@ func removeSSHLogs(logDir, id string) {
 // callResult is how one remote call ended.
 type callResult struct {
 	code   int    // the remote command's exit status; 255 when ssh failed; -1 when killed
-	sshLog string // what ssh itself said (its -E log), trimmed
+	sshLog string // what ssh itself said (its -E log): the last line that tells why
 	err    error  // the client could not be started
+	// For what the launch phase judges (see launchfail.go and precancel.go):
+	fullLog string // the whole -E log
+	noLog   bool   // ssh (OpenSSH) left no -E log: it ended before it opened one
+	early   string // a launch's stderr before the run's record (ssh's own words, not the job's)
 }
 
 // lost reports whether the call failed as a connection: ssh's 255, or the
@@ -303,11 +307,10 @@ var callSeq atomic.Int64
 // stderr. The client runs in a process group of its own, so a terminal's ^C
 // reaches the controller, not its connections; ctx ending kills that group
 // (ssh and its ProxyCommand), and the controller's death kills ssh
-// (PR_SET_PDEATHSIG; Go never ends the OS thread that forked it, as nothing
-// here locks one).
+// (clientAttr and guardClient: orphan.go).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
 	<-h.probed
-	args := append([]string{}, h.rsh[1:]...)
+	args := append(logLevelOpts(h.rsh), h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	var logPath string
 	if isSSH(h.rsh) {
@@ -319,15 +322,18 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client
-	// behind to launch or act later, behind the back of a settle.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// behind to launch or act later, behind the back of a settle
+	// (orphan.go says how, system by system).
+	cmd.SysProcAttr = clientAttr()
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}
 	pid := cmd.Process.Pid
+	release := guardClient(pid)
 	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
 	err := cmd.Wait()
 	stop()
+	release()
 	res := callResult{}
 	var ee *exec.ExitError
 	switch {
@@ -338,12 +344,10 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 		res.code, res.err = 255, err
 	}
 	if logPath != "" {
-		if b, err := os.ReadFile(logPath); err == nil {
-			res.sshLog = strings.TrimSpace(string(b))
-			if i := strings.LastIndexByte(res.sshLog, '\n'); i >= 0 {
-				res.sshLog = res.sshLog[i+1:]
-			}
-		}
+		b, err := os.ReadFile(logPath)
+		res.noLog = err != nil
+		res.fullLog = string(b)
+		res.sshLog = sshReason(res.fullLog)
 		os.Remove(logPath)
 	}
 	return res

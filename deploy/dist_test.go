@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"debug/elf"
+	"debug/macho"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,7 +70,7 @@ func distDir(t *testing.T) string {
 	return dist.dir
 }
 
-// TestDistStatic: both builds are static executables for their machine (no
+// TestDistStatic: both Linux builds are static executables for their machine (no
 // PT_INTERP, so no dynamic loader and no libc needed on the host), `file`
 // agrees where it is installed, SHA256SUMS verifies, and the amd64 build
 // carries a version and a commit.
@@ -99,11 +100,36 @@ func TestDistStatic(t *testing.T) {
 			}
 		})
 	}
+	// The controller builds: Mach-O for macOS on both CPUs, and an ELF
+	// marked for FreeBSD.
+	for arch, cpu := range map[string]macho.Cpu{"amd64": macho.CpuAmd64, "arm64": macho.CpuArm64} {
+		t.Run("darwin-"+arch, func(t *testing.T) {
+			f, err := macho.Open(filepath.Join(d, "agent-wrap-darwin-"+arch))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if f.Cpu != cpu || f.Type != macho.TypeExec {
+				t.Errorf("darwin-%s: cpu %v type %v, want %v executable", arch, f.Cpu, f.Type, cpu)
+			}
+		})
+	}
+	t.Run("freebsd-amd64", func(t *testing.T) {
+		f, err := elf.Open(filepath.Join(d, "agent-wrap-freebsd-amd64"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if f.Machine != elf.EM_X86_64 || f.OSABI != elf.ELFOSABI_FREEBSD {
+			t.Errorf("freebsd-amd64: machine %v OS ABI %v, want EM_X86_64 for FreeBSD", f.Machine, f.OSABI)
+		}
+	})
 	t.Run("checksums", func(t *testing.T) {
 		cmd := exec.Command("sha256sum", "-c", "--strict", "SHA256SUMS")
 		cmd.Dir = d
 		out, err := cmd.CombinedOutput()
-		want := "agent-wrap-linux-amd64: OK\nagent-wrap-linux-arm64: OK\n"
+		want := "agent-wrap-linux-amd64: OK\nagent-wrap-linux-arm64: OK\n" +
+			"agent-wrap-darwin-amd64: OK\nagent-wrap-darwin-arm64: OK\nagent-wrap-freebsd-amd64: OK\n"
 		if err != nil || string(out) != want {
 			t.Errorf("sha256sum -c: %v\n%s\nwant\n%s", err, out, want)
 		}

@@ -64,10 +64,16 @@ type ctl struct {
 // start runs `agent-wrap ssh` with flags for run id and argv.
 func (c *ctlHarness) start(id string, flags []string, argv ...string) *ctl {
 	c.t.Helper()
+	return c.startTo(c.srv.Destination(), id, flags, argv...)
+}
+
+// startTo is start with the destination dest.
+func (c *ctlHarness) startTo(dest, id string, flags []string, argv ...string) *ctl {
+	c.t.Helper()
 	args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", bin, "--remote-root", c.root,
 		"--ledger", c.ledger, "--events", c.events, "--id", id}
 	args = append(args, flags...)
-	args = append(args, c.srv.Destination(), "--")
+	args = append(args, dest, "--")
 	args = append(args, argv...)
 	k := &ctl{done: make(chan struct{})}
 	k.cmd = exec.Command(bin, args...)

@@ -1,4 +1,6 @@
 // Package proc reads Linux process facts from /proc; it never signals.
+// On macOS and FreeBSD, where a controller runs, it reads only ReadStat's
+// fields, through sysctl kern.proc.pid.
 //
 // A PID read from a file is a claim, not a fact: PIDs are recycled. The
 // identity of a process here is (PID, start time in clock ticks since boot,
@@ -20,7 +22,8 @@ type Stat struct {
 	PPID  int
 	PGID  int
 	SID   int
-	// Start is the start time in clock ticks since boot (field 22).
+	// Start is the start time in clock ticks since boot (field 22); on
+	// macOS and FreeBSD, microseconds since the epoch.
 	Start uint64
 }
 

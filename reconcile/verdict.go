@@ -111,6 +111,9 @@ type Verdict struct {
 	Reason     string   `json:"reason"`
 	Supervisor string   `json:"supervisor"`
 	Evidence   Evidence `json:"evidence"`
+	// Handoffs are the runs the job started on other hosts, as the record
+	// names them (handoffs.go).
+	Handoffs []statusfile.Handoff `json:"handoffs,omitempty"`
 }
 
 // Exit codes of the reconcile command for one verdict.
@@ -154,6 +157,10 @@ func Worst(a, b int) int {
 // Decide applies the reconcile rules to the evidence. It is pure: the same
 // input always gives the same verdict.
 func Decide(in Input) Verdict {
+	return withHandoffs(decide(in), in.Record)
+}
+
+func decide(in Input) Verdict {
 	v := Verdict{RunID: in.RunID, Supervisor: SupervisorNone, Evidence: evidence(in)}
 	rec := in.Record
 	if rec == nil {

@@ -18,6 +18,8 @@ func FuzzStatusParse(f *testing.F) {
 	f.Add([]byte(`{"schema":1,"run_id":"a","state":"running","wrapper_pid":1,"wrapper_start":2,"boot_id":"b","command":["sleep","1"],"created_at":"2026-01-01T00:00:00Z","lease_seconds":300,"grace_seconds":5,"survivors":null}`))
 	f.Add([]byte(`{"schema":1,"run_id":"a","state":"finished","exit_code":0,"wrapper_pid":1,"survivors":[]}`))
 	f.Add([]byte(`{"schema":1,"run_id":"a","state":"finished","wrapper_pid":1}`))
+	f.Add([]byte(`{"schema":1,"run_id":"a","state":"cancelled","exit_code":143,"wrapper_pid":1,"survivors":[],"handoffs":[]}`))
+	f.Add([]byte(`{"schema":1,"run_id":"a","state":"running","wrapper_pid":1,"control_socket":"/r/a/control.sock","handoffs":[{"run_id":"b","dest":"h","controller_pid":3,"controller_start":4,"registered_at":"2026-01-01T00:00:00Z","outcome":"unknown","exit_code":143,"learned":"unconfirmed","lease_ends_at":"2026-01-01T00:05:00Z","remaining":"run b on h"}]}`))
 	f.Add([]byte(`{"schema":2,"run_id":"a","state":"running"}`))
 	f.Add([]byte(`{"schema":1,"run_id":"../x","state":"running"}`))
 	f.Add([]byte(`{"schema":1,"run_id":"a","state":"running","pid":-1}`))

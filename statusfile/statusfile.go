@@ -111,6 +111,11 @@ type Record struct {
 	// AgentSocket is the run's scoped SSH agent socket (the job's
 	// SSH_AUTH_SOCK), while and after it existed.
 	AgentSocket string `json:"agent_socket,omitempty"`
+	// ControlSocket is where the wrapper takes handoff registrations (the
+	// job's AGENT_WRAP_CONTROL); Handoffs are the runs registered there.
+	ControlSocket       string    `json:"control_socket,omitempty"`
+	HandoffGraceSeconds float64   `json:"handoff_grace_seconds,omitempty"`
+	Handoffs            []Handoff `json:"handoffs,omitempty"`
 }
 
 // Timestamp formats t as the record's times are: RFC 3339, UTC, nanoseconds.
@@ -179,10 +184,13 @@ func Parse(b []byte) (*Record, error) {
 		return nil, errors.New("status.json has a negative PID")
 	}
 	// An empty list and no list say the same for the fields Marshal omits
-	// when empty ("escaped", an escapee's "argv"); the record keeps the one
+	// when empty ("escaped", "handoffs", an escapee's "argv"); the record keeps the one
 	// form Marshal writes, so what is read is what would be written.
 	if len(r.Escaped) == 0 {
 		r.Escaped = nil
+	}
+	if len(r.Handoffs) == 0 {
+		r.Handoffs = nil
 	}
 	for i := range r.Escaped {
 		if len(r.Escaped[i].Argv) == 0 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/agentrelay"
 	"github.com/agent-wrap/agent-wrap/authority"
+	"github.com/agent-wrap/agent-wrap/handoff"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
@@ -100,7 +101,7 @@ func (s *supervisor) jobEnv() []string {
 	for _, kv := range env {
 		name, _, _ := strings.Cut(kv, "=")
 		switch {
-		case name == envRunID:
+		case name == envRunID, name == handoff.EnvControl:
 			continue
 		case name == envAuthSock && s.scope.mode != AgentInherit:
 			continue
@@ -108,6 +109,9 @@ func (s *supervisor) jobEnv() []string {
 		out = append(out, kv)
 	}
 	out = append(out, envRunID+"="+s.cfg.ID)
+	if c := s.controlEnv(); c != "" {
+		out = append(out, c)
+	}
 	if s.scope.relay != nil {
 		out = append(out, envAuthSock+"="+s.scope.relay.Path())
 	}

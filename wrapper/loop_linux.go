@@ -51,6 +51,8 @@ func (s *supervisor) wait(deadline int64) string {
 			case unix.SIGINT:
 				return s.beginCancel(statusfile.CauseINT, "cancel_requested")
 			}
+		case <-s.controlChanged():
+			s.recordHandoffs()
 		case <-leaseC:
 			next, expired := s.checkLease()
 			if expired != "" {
@@ -70,6 +72,7 @@ func (s *supervisor) wait(deadline int64) string {
 				if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
 					deadline = dl
 					timer.Reset(time.Until(time.Unix(dl, 0)))
+					s.deadlineMoved(dl)
 				}
 			}
 		}

@@ -16,6 +16,9 @@ import (
 // SIGCHLD. It returns the PIDs that outlived KILL. cause "" means the
 // leader exited on its own and these are stragglers.
 func (s *supervisor) stopAll(cause string) []int {
+	// The runs the job handed on to other hosts end first, each through
+	// its own controller, so that nothing of the run outlives it there.
+	s.endHandoffs()
 	loop := stop.Loop{Members: s.liveTargets, Signal: s.signalAll, Wake: s.wake}
 	stopped, survivors := loop.Run(s.cfg.Grace)
 	if !s.leaderExited {

@@ -56,7 +56,8 @@ type supervisor struct {
 	// call: set when the job has started and at each recorded escape.
 	view atomic.Pointer[statusfile.Record]
 
-	scope *scope // the run's authority (authority_linux.go)
+	scope *scope   // the run's authority (authority_linux.go)
+	ctl   *control // the run's control socket and handoffs (handoff_linux.go)
 }
 
 // Run supervises one run from the claim of its ID to its final record. The
@@ -169,9 +170,11 @@ func (s *supervisor) run() *Result {
 		s.markLive()
 		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot scope the SSH agent to the run: %v (--agent inherit or none runs without a relay)", err))
 	}
+	s.startControl()
 	code, err := s.launch()
 	if err != nil {
 		s.revokeAuthority()
+		s.closeControl()
 		return s.launchFailed(code, err)
 	}
 
@@ -221,6 +224,7 @@ func (s *supervisor) run() *Result {
 
 	// 8. Reap, record, drain.
 	s.reapAll()
+	s.closeControl() // every handoff's last word goes into the final record
 	if s.cgroup != "" {
 		if err := cgroup.Remove(s.cgroup); err != nil {
 			s.warn("cannot remove the run's cgroup: %v", err)

@@ -10,7 +10,8 @@
 //     stream is an error instead of a fatal SIGPIPE;
 //  2. claim the ID (mkdir), write `starting` and journal `created`;
 //  3. start the job with Setsid, its fds 1 and 2 the log files themselves,
-//     AGENT_WRAP_RUN_ID in its environment and, with a scoped agent, its
+//     AGENT_WRAP_RUN_ID and AGENT_WRAP_CONTROL (a control socket that
+//     already listens) in its environment and, with a scoped agent, its
 //     SSH_AUTH_SOCK a relay that already listens (authority_linux.go);
 //  4. verify PGID == SID == PID from /proc (the job is never reaped before
 //     this, so the check holds even when it has already exited);
@@ -19,7 +20,9 @@
 //     its PGID cannot be recycled while the group is being stopped), a signal
 //     or the deadline;
 //  7. journal and sync the intent, write `cancelling`, revoke the run's
-//     authority (the relay's socket and connections), then TERM the group
+//     authority (the relay's socket and connections), ask the runs the job
+//     handed on to other hosts to cancel and wait for them up to the
+//     handoff grace (handoff_linux.go), then TERM the group
 //     and escaped descendants, wait for them to die (SIGCHLD as their
 //     subreaper, with a backstop rescan), KILL what is left after the grace;
 //  8. reap everything, write the final record, drain the log streams.
@@ -64,6 +67,10 @@ type Config struct {
 	// Agent is AgentScoped, AgentInherit, AgentNone, or "" (scoped). With
 	// no SSH_AUTH_SOCK in the process's environment every mode is none.
 	Agent string
+	// HandoffGrace is how long the stop waits for the runs a job handed on
+	// to other hosts (`agent-wrap ssh` inside the run) to confirm their
+	// cancel before the group is signalled; 0: Grace; negative: no wait.
+	HandoffGrace time.Duration
 
 	// Stdin becomes the job's fd 0; nil means /dev/null.
 	Stdin *os.File

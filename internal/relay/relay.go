@@ -7,6 +7,8 @@
 //   - It listens on 127.0.0.1 only and dials only the target given.
 //   - Cut closes every connection open at the call, both sides; later
 //     connections are relayed as usual.
+//   - Hold blackholes the connections open at the call, as Blackhole does,
+//     until Cut; later connections are relayed as usual.
 //   - While Blackhole(true) holds, no byte is forwarded in either direction
 //     and new connections are accepted but not connected to the target:
 //     to both ends the network has gone silent, nothing is closed. Bytes
@@ -59,6 +61,7 @@ type Relay struct {
 	cond  *sync.Cond
 	holes bool // blackholed
 	conns map[net.Conn]struct{}
+	held  map[net.Conn]bool // blackholed by Hold
 }
 
 // Start listens on 127.0.0.1 and relays each connection to target.
@@ -68,7 +71,7 @@ func Start(t testing.TB, target string) *Relay {
 	if err != nil {
 		t.Fatalf("relay: %v", err)
 	}
-	r := &Relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	r := &Relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}, held: map[net.Conn]bool{}}
 	r.cond = sync.NewCond(&r.mu)
 	go r.serve()
 	t.Cleanup(func() {
@@ -99,6 +102,18 @@ func (r *Relay) Cut() {
 	for c := range r.conns {
 		c.Close()
 		delete(r.conns, c)
+		delete(r.held, c)
+	}
+	r.cond.Broadcast() // what a held connection waits for is gone
+}
+
+// Hold stops all forwarding on the connections open now (both sides of
+// each), until Cut; new connections are relayed as usual.
+func (r *Relay) Hold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.conns {
+		r.held[c] = true
 	}
 }
 
@@ -110,10 +125,10 @@ func (r *Relay) Blackhole(on bool) {
 	r.cond.Broadcast()
 }
 
-// gate waits while the relay is blackholed.
-func (r *Relay) gate() {
+// gate waits while the relay is blackholed, or src is held.
+func (r *Relay) gate(src net.Conn) {
 	r.mu.Lock()
-	for r.holes {
+	for r.holes || r.held[src] {
 		r.cond.Wait()
 	}
 	r.mu.Unlock()
@@ -137,7 +152,7 @@ func (r *Relay) serve() {
 		}
 		r.track(c)
 		go func() {
-			r.gate()
+			r.gate(c)
 			u, err := net.Dial("tcp", r.target)
 			if err != nil {
 				c.Close()
@@ -168,7 +183,7 @@ func (r *Relay) pipe(dst, src net.Conn) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			r.gate()
+			r.gate(src)
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}

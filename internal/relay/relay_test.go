@@ -80,3 +80,36 @@ func TestRelayCutAndBlackhole(t *testing.T) {
 		t.Fatalf("a new connection after Cut: %v", err)
 	}
 }
+
+func TestRelayHold(t *testing.T) {
+	rl := Start(t, echo(t))
+	c, err := net.Dial("tcp", rl.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if err := roundTrip(t, c, r, "one", 10*time.Second); err != nil {
+		t.Fatalf("through the relay: %v", err)
+	}
+	// Held: the open connection goes silent, a new one is relayed.
+	rl.Hold()
+	err = roundTrip(t, c, r, "two", 300*time.Millisecond)
+	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("held: %v, want a timeout", err)
+	}
+	c2, err := net.Dial("tcp", rl.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := roundTrip(t, c2, bufio.NewReader(c2), "three", 10*time.Second); err != nil {
+		t.Fatalf("a new connection while one is held: %v", err)
+	}
+	// Cut ends the held one.
+	rl.Cut()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := r.ReadString('\n'); err == nil {
+		t.Fatal("read after Cut succeeded")
+	}
+}

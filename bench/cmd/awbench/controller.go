@@ -46,18 +46,10 @@ func (r *runner) controllerFigure() (err error) {
 		return err
 	}
 	ledgerDir := filepath.Join(r.scratch, "controller-ledger")
-	cm := filepath.Join(r.scratch, "cm")
-	sshArgs := append(srv.SSHArgs(), "-o", "ControlPath="+cm)
-	// The master: ssh -M -N -f forks it into the background; it is stopped
-	// through its control socket (ssh -O exit), never by name.
-	master := exec.Command("ssh", append(append([]string{}, sshArgs...), "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-N", "-f", "--", srv.Destination())...)
-	if out, err := master.CombinedOutput(); err != nil {
-		return fmt.Errorf("ControlMaster: %v: %s", err, out)
+	sshArgs, rsh, err := r.sshMaster(srv, "cm")
+	if err != nil {
+		return err
 	}
-	r.onCleanup(func() {
-		exec.Command("ssh", append(append([]string{}, sshArgs...), "-O", "exit", "--", srv.Destination())...).Run()
-	})
-	rsh := sshtest.Quote(append([]string{"ssh"}, sshArgs...)...)
 	ssh := func(line string) *exec.Cmd {
 		return exec.Command("ssh", append(append([]string{}, sshArgs...), "--", srv.Destination(), line)...)
 	}
@@ -296,4 +288,20 @@ func (b *benchTB) TempDir() string {
 		panic(benchFatal{err})
 	}
 	return d
+}
+
+// sshMaster starts one ControlMaster to srv on the socket scratch/name:
+// ssh -M -N -f forks it into the background, and it is stopped through its
+// control socket (ssh -O exit), never by name. It returns the ssh words
+// that use it and the same as one --rsh line.
+func (r *runner) sshMaster(srv *sshtest.Server, name string) (sshArgs []string, rsh string, err error) {
+	sshArgs = append(srv.SSHArgs(), "-o", "ControlPath="+filepath.Join(r.scratch, name))
+	master := exec.Command("ssh", append(append([]string{}, sshArgs...), "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-N", "-f", "--", srv.Destination())...)
+	if out, err := master.CombinedOutput(); err != nil {
+		return nil, "", fmt.Errorf("ControlMaster: %v: %s", err, out)
+	}
+	r.onCleanup(func() {
+		exec.Command("ssh", append(append([]string{}, sshArgs...), "-O", "exit", "--", srv.Destination())...).Run()
+	})
+	return sshArgs, sshtest.Quote(append([]string{"ssh"}, sshArgs...)...), nil
 }

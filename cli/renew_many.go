@@ -1,0 +1,87 @@
+//go:build linux
+
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// renewAnswer is one line of `renew --json RUN_ID...`: what became of one
+// run's renewal.
+type renewAnswer struct {
+	RunID    string `json:"run_id"`
+	Renewed  bool   `json:"renewed"`
+	State    string `json:"state,omitempty"`          // the run's state as read under its lock; "" when there is no such run
+	Deadline int64  `json:"deadline_epoch,omitempty"` // the new deadline, when renewed
+	Refused  bool   `json:"refused,omitempty"`        // lease.ErrRefused: the run is over, cancelling or expired; renewing it again is pointless
+	NoRun    bool   `json:"no_run,omitempty"`         // no run of this ID under the root
+	Reason   string `json:"reason,omitempty"`         // why it was not renewed
+}
+
+// renewMany renews each run in ids in turn, each with lease.Renew (under
+// that run's own lock), and prints one JSON line per run, in the order
+// given. Every ID is checked before any run is touched. Exit 0 when every
+// run was renewed, 1 otherwise.
+func (e *Env) renewMany(ids []string, d time.Duration) int {
+	for _, id := range ids {
+		if err := rundir.ValidID(id); err != nil {
+			e.errorf("%v", err)
+			e.hint("run IDs match %s; nothing was renewed", rundir.IDPattern)
+			return ExitUsage
+		}
+	}
+	root, code := e.openRoot(false)
+	if root == nil {
+		return code
+	}
+	defer root.Close()
+	enc := json.NewEncoder(e.Stdout)
+	all := true
+	for _, id := range ids {
+		a := renewOne(root, id, d)
+		all = all && a.Renewed
+		if err := enc.Encode(a); err != nil {
+			e.errorf("renew: %v", err)
+			return ExitFailure
+		}
+	}
+	if !all {
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+func renewOne(root *rundir.Root, id string, d time.Duration) renewAnswer {
+	a := renewAnswer{RunID: id}
+	dir, err := root.Open(id)
+	if err != nil {
+		a.NoRun = errors.Is(err, rundir.ErrNoRun)
+		a.Reason = err.Error()
+		return a
+	}
+	defer dir.Close()
+	next, err := lease.Renew(dir, d)
+	if rec, rerr := statusfile.Read(dir); rerr == nil {
+		a.State = rec.State
+	}
+	switch {
+	case err == nil:
+		a.Renewed, a.Deadline = true, next
+	case errors.Is(err, lease.ErrRefused):
+		a.Refused, a.Reason = true, err.Error()
+	case next != 0:
+		// Renewed, but the journal line could not be written: the
+		// deadline moved, which is what the caller asked for.
+		a.Renewed, a.Deadline, a.Reason = true, next, err.Error()
+	default:
+		a.Reason = fmt.Sprintf("cannot renew: %v", err)
+	}
+	return a
+}
