@@ -131,7 +131,7 @@ func runSSH(e *Env, args []string) int {
 			e.hint("nothing was launched; run it again once the ledger's database is back")
 			return 255
 		}
-		return e.ledgerError(err)
+		return e.ledgerHint(err)
 	}
 	go func() {
 		for s := range sigs {

@@ -63,6 +63,11 @@ func (e *Env) openControllerLedger(flag string) (ledger.Store, int) {
 // code. The messages carry the URL without its password (ledger.Redact).
 func (e *Env) ledgerError(err error) int {
 	e.errorf("%v", err)
+	return e.ledgerHint(err)
+}
+
+// ledgerHint is ledgerError once the error itself was said.
+func (e *Env) ledgerHint(err error) int {
 	switch {
 	case rundir.IsUnsafe(err):
 		e.hint("the ledger must be a real directory owned by you with mode 0700; fix it or choose another with --ledger")
