@@ -47,24 +47,7 @@ func (h *harness) runLocal(id string, flags []string, argv ...string) *ctl {
 	h.t.Helper()
 	args := append([]string{"--root", h.root, "run"}, flags...)
 	args = append(append(args, id, "--"), argv...)
-	k := &ctl{done: make(chan struct{})}
-	k.cmd = exec.Command(bin, args...)
-	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
-	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := k.cmd.Start(); err != nil {
-		h.t.Fatal(err)
-	}
-	go func() { k.err = k.cmd.Wait(); close(k.done) }()
-	h.t.Cleanup(func() {
-		select {
-		case <-k.done:
-		default:
-			_ = k.cmd.Process.Kill()
-			<-k.done
-		}
-	})
-	return k
+	return startCtl(h.t, args)
 }
 
 // full reads a run's whole record, handoffs included.

@@ -75,16 +75,23 @@ func (c *ctlHarness) startTo(dest, id string, flags []string, argv ...string) *c
 	args = append(args, flags...)
 	args = append(args, dest, "--")
 	args = append(args, argv...)
+	return startCtl(c.t, args)
+}
+
+// startCtl starts bin with args in a process group of its own, its output
+// kept; cleanup kills it if it still runs.
+func startCtl(t *testing.T, args []string) *ctl {
+	t.Helper()
 	k := &ctl{done: make(chan struct{})}
 	k.cmd = exec.Command(bin, args...)
 	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
 	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := k.cmd.Start(); err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	go func() { k.err = k.cmd.Wait(); close(k.done) }()
-	c.t.Cleanup(func() {
+	t.Cleanup(func() {
 		select {
 		case <-k.done:
 		default:

@@ -193,6 +193,15 @@ func (c *Client) Ask(req Request, timeout time.Duration) (Reply, error) {
 	case r := <-c.replies:
 		return r, nil
 	case <-c.done:
+		// The reader hands an answer over before it closes done, so an
+		// answer followed at once by the wrapper closing the connection
+		// is still the answer: both cases are ready, and select picks
+		// either.
+		select {
+		case r := <-c.replies:
+			return r, nil
+		default:
+		}
 		return Reply{}, ErrClosed
 	case <-t.C:
 		return Reply{}, fmt.Errorf("handoff: %s: no answer from the outer run's wrapper within %v", req.Op, timeout)

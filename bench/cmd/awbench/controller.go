@@ -31,15 +31,7 @@ import (
 //     backoff, 0.2 s, is part of it).
 func (r *runner) controllerFigure() (err error) {
 	tb := &benchTB{r: r}
-	defer func() {
-		if p := recover(); p != nil {
-			if f, ok := p.(benchFatal); ok {
-				err = f
-				return
-			}
-			panic(p)
-		}
-	}()
+	defer catchFatal(&err)
 	srv := sshtest.Start(tb)
 	root, err := r.newRoot("controller")
 	if err != nil {
@@ -270,10 +262,22 @@ func (c *chunkClock) firstAfter(mark int) time.Time {
 type benchTB struct {
 	testing.TB
 	r *runner
-	n int
 }
 
 type benchFatal struct{ error }
+
+// catchFatal, deferred by a figure with a named error result, turns a
+// benchTB failure (a benchFatal panic) into that error; any other panic
+// goes on.
+func catchFatal(err *error) {
+	if p := recover(); p != nil {
+		if f, ok := p.(benchFatal); ok {
+			*err = f
+			return
+		}
+		panic(p)
+	}
+}
 
 func (b *benchTB) Helper()                        {}
 func (b *benchTB) Cleanup(f func())               { b.r.onCleanup(f) }
@@ -281,10 +285,12 @@ func (b *benchTB) Logf(format string, a ...any)   { b.r.logf(format, a...) }
 func (b *benchTB) Errorf(format string, a ...any) { b.r.logf(format, a...) }
 func (b *benchTB) Fatalf(format string, a ...any) { panic(benchFatal{fmt.Errorf(format, a...)}) }
 func (b *benchTB) Skipf(format string, a ...any)  { panic(benchFatal{fmt.Errorf(format, a...)}) }
+
+// TempDir is a new directory under the scratch root, unique across every
+// figure's benchTB (each figure makes its own).
 func (b *benchTB) TempDir() string {
-	b.n++
-	d := filepath.Join(b.r.scratch, "sshd-"+strconv.Itoa(b.n))
-	if err := os.Mkdir(d, 0o700); err != nil {
+	d, err := os.MkdirTemp(b.r.scratch, "sshd-")
+	if err != nil {
 		panic(benchFatal{err})
 	}
 	return d

@@ -24,15 +24,7 @@ import (
 //     confirmed remote cancel, without the outer run around it).
 func (r *runner) nestedFigure() (err error) {
 	tb := &benchTB{r: r}
-	defer func() {
-		if p := recover(); p != nil {
-			if f, ok := p.(benchFatal); ok {
-				err = f
-				return
-			}
-			panic(p)
-		}
-	}()
+	defer catchFatal(&err)
 	srv := sshtest.Start(tb)
 	outerRoot, err := r.newRoot("nested-outer")
 	if err != nil {
@@ -95,19 +87,9 @@ func (r *runner) nestedFigure() (err error) {
 	outerCancel := func() (float64, error) {
 		oid, iid := r.id("outer-c"), r.id("nest-c")
 		cmd := outer(oid, ctlArgv(iid, job...)...)
-		out, err := cmd.StdoutPipe()
+		out, err := r.startUntilStarted(cmd, "nested")
 		if err != nil {
 			return 0, err
-		}
-		if err := cmd.Start(); err != nil {
-			return 0, err
-		}
-		r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-		line := make([]byte, 8)
-		if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
-			cmd.Process.Kill()
-			cmd.Wait()
-			return 0, fmt.Errorf("nested: no 'started' line (%q, %v)", line, err)
 		}
 		d, err := timeCmd(exec.Command(r.bin, "--root", outerRoot, "cancel", "--wait", "60s", oid))
 		io.Copy(io.Discard, out)
@@ -136,19 +118,9 @@ func (r *runner) nestedFigure() (err error) {
 		argv := ctlArgv(id, job...)
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		out, err := cmd.StdoutPipe()
+		out, err := r.startUntilStarted(cmd, "controller")
 		if err != nil {
 			return 0, err
-		}
-		if err := cmd.Start(); err != nil {
-			return 0, err
-		}
-		r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-		line := make([]byte, 8)
-		if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
-			cmd.Process.Kill()
-			cmd.Wait()
-			return 0, fmt.Errorf("controller: no 'started' line (%q, %v)", line, err)
 		}
 		t0 := bench.Now()
 		cmd.Process.Signal(syscall.SIGINT)
@@ -173,4 +145,25 @@ func (r *runner) nestedFigure() (err error) {
 	r.detail("nested: `cancel` of the outer run until its final record, the inner run cancelled and confirmed before the outer group's first signal: %s; SIGINT to a controller outside any run until exit 143: %s",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms))
 	return nil
+}
+
+// startUntilStarted starts cmd (in a process group of its own, killed at
+// cleanup) and reads its stdout until the job's "started" line; what
+// names it in an error. The rest of stdout is the caller's to drain.
+func (r *runner) startUntilStarted(cmd *exec.Cmd, what string) (io.ReadCloser, error) {
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	line := make([]byte, 8)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("%s: no 'started' line (%q, %v)", what, line, err)
+	}
+	return out, nil
 }
