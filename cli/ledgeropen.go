@@ -30,8 +30,8 @@ func (e *Env) resolveLedger(flag string) (string, int) {
 	return where, 0
 }
 
-// openLedger opens the ledger for a short command (ledger, settle): one
-// connection to a database. Errors are printed; the second result is the
+// openLedger opens the ledger for a short command (ledger, settle): a
+// database is connected to at once. Errors are printed; the second result is the
 // exit code to return.
 func (e *Env) openLedger(flag string, create bool) (ledger.Store, int) {
 	where, code := e.resolveLedger(flag)
@@ -46,7 +46,8 @@ func (e *Env) openLedger(flag string, create bool) (ledger.Store, int) {
 }
 
 // openControllerLedger opens the ledger for `ssh`: a directory is made if
-// missing; a database gets a pool that connects when first used.
+// missing; a database is connected to at the first write (and again after
+// the connection breaks), so that one away at the start is retried.
 func (e *Env) openControllerLedger(flag string) (ledger.Store, int) {
 	where, code := e.resolveLedger(flag)
 	if code != 0 {

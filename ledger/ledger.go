@@ -216,8 +216,7 @@ var (
 )
 
 // Store is a ledger: files or PostgreSQL. Its methods are safe for
-// concurrent use, except those of a Postgres opened for a short command
-// (one connection), which serves one call at a time.
+// concurrent use (a Postgres serves them one at a time on its connection).
 type Store interface {
 	// Create writes the first record of a run, durably; ErrExists if the
 	// ID is taken (nothing written).
@@ -301,8 +300,8 @@ func Open(ctx context.Context, s string, create bool) (Store, error) {
 
 // OpenForController opens the ledger s names for a controller, which
 // writes from many goroutines and keeps going while a database is away: a
-// URL gets a connection pool that connects when first used; a directory
-// is made if missing.
+// URL gets its connection at the first call (and again after it breaks);
+// a directory is made if missing.
 func OpenForController(ctx context.Context, s string) (Store, error) {
 	if IsURL(s) {
 		return OpenPostgres(ctx, s, true)

@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -56,77 +55,74 @@ INSERT INTO agent_wrap_schema (version) VALUES (0);
 // ownership rules query; every write is one statement or one transaction,
 // committed before the call returns.
 //
+//   - It speaks the protocol through pgconn alone (text parameters, text
+//     results parsed here), on one connection shared by the process's
+//     calls, one call at a time: the connection is made at the first call
+//     and made again after it breaks (a database restarted, a timeout).
+//     A claim has a connection of its own for its transaction, kept for
+//     the next claim; so a controller holds one connection, a settle two.
 //   - An owner's Update writes only while the row is not settled; a
 //     Heartbeat sets heartbeat_at = now() (the database's clock, which
 //     OwnerGone then compares with the database's now()) for all of an
-//     owner's runs in one UPDATE.
+//     owner's runs in one UPDATE, skipping a row a claim holds.
 //   - Claim is SELECT ... FOR UPDATE SKIP LOCKED in a transaction that
 //     stays open until Settle commits the settled row or Release rolls
 //     back: a second claim skips the row (ErrBusy), and an owner's Update
-//     waits, then finds the row settled (ErrLost).
+//     waits for it (at most lock_timeout, 5 s unless the URL sets it; then
+//     ErrBusy, which the controller retries), then finds the row settled
+//     (ErrLost) or writes.
 //
 // The URL's password (in the URL, $PGPASSWORD or the password file) is in
 // no message: String and every error carry the URL with it cut out.
 type Postgres struct {
 	where string // the URL, password cut out
 	pw    string
-	db    querier
-	close func()
+	cfg   *pgconn.Config
+
+	mu   sync.Mutex     // one call at a time on conn
+	conn *pgconn.PgConn // nil until the first call, and after it broke
+
+	spareMu sync.Mutex
+	spare   *pgconn.PgConn // an ended claim's connection, for the next claim
 
 	checkMu sync.Mutex
 	checked bool
 }
 
-// querier is what pgx.Conn and pgxpool.Pool both do.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// OpenPostgres opens the ledger at a postgres:// URL. With pool false
-// (a short command) it connects at once, on one connection, and checks the
-// schema: ErrBadURL, ErrDenied, ErrUnreachable, ErrNoSchema or ErrSchema
-// say what is wrong. With pool true (a controller) it makes a pgxpool
-// (pool_max_conns in the URL, default 2) that connects when first used,
-// and checks the schema at the first Create, so that a database away at
-// the start is retried like one lost later.
-func OpenPostgres(ctx context.Context, rawURL string, pool bool) (*Postgres, error) {
+// parse reads the URL with libpq's conventions (pgconn.ParseConfig:
+// PGPASSWORD, PGPASSFILE, sslmode, host=/socket/dir, ...).
+func parse(rawURL string) (*Postgres, error) {
 	p := &Postgres{where: Redact(rawURL)}
-	if pool {
-		cfg, err := pgxpool.ParseConfig(rawURL)
-		if err != nil {
-			return nil, p.badURL(err)
-		}
-		if !strings.Contains(rawURL, "pool_max_conns") {
-			cfg.MaxConns = 2
-		}
-		cfg.MinConns = 0
-		p.pw = cfg.ConnConfig.Password
-		pl, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			return nil, p.badURL(err)
-		}
-		p.db, p.close = pl, pl.Close
-		return p, nil
-	}
-	cfg, err := pgx.ParseConfig(rawURL)
+	cfg, err := pgconn.ParseConfig(rawURL)
 	if err != nil {
 		return nil, p.badURL(err)
 	}
-	p.pw = cfg.Password
+	p.pw, p.cfg = cfg.Password, cfg
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 15 * time.Second
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, p.wrap("connect", err)
+	if _, set := cfg.RuntimeParams["lock_timeout"]; !set {
+		cfg.RuntimeParams["lock_timeout"] = "5s"
 	}
-	p.db = conn
-	p.close = func() { _ = conn.Close(context.Background()) }
+	if _, set := cfg.RuntimeParams["application_name"]; !set {
+		cfg.RuntimeParams["application_name"] = "agent-wrap"
+	}
+	return p, nil
+}
+
+// OpenPostgres opens the ledger at a postgres:// URL. With lazy false (a
+// short command) it connects at once and checks the schema: ErrBadURL,
+// ErrDenied, ErrUnreachable, ErrNoSchema or ErrSchema say what is wrong.
+// With lazy true (a controller) it connects at the first call and checks
+// the schema at the first Create, so that a database away at the start is
+// retried like one lost later.
+func OpenPostgres(ctx context.Context, rawURL string, lazy bool) (*Postgres, error) {
+	p, err := parse(rawURL)
+	if err != nil || lazy {
+		return p, err
+	}
 	if err := p.check(ctx); err != nil {
-		p.close()
+		p.Close()
 		return nil, err
 	}
 	return p, nil
@@ -134,30 +130,35 @@ func OpenPostgres(ctx context.Context, rawURL string, pool bool) (*Postgres, err
 
 // OpenPostgresForInit connects for Init: no schema check.
 func OpenPostgresForInit(ctx context.Context, rawURL string) (*Postgres, error) {
-	p := &Postgres{where: Redact(rawURL)}
-	cfg, err := pgx.ParseConfig(rawURL)
+	p, err := parse(rawURL)
 	if err != nil {
-		return nil, p.badURL(err)
+		return nil, err
 	}
-	p.pw = cfg.Password
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 15 * time.Second
+	if err := p.with(ctx, "connect", func(*pgconn.PgConn) error { return nil }); err != nil {
+		return nil, err
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, p.wrap("connect", err)
-	}
-	p.db = conn
-	p.close = func() { _ = conn.Close(context.Background()) }
 	return p, nil
 }
 
 // String is the URL without its password.
 func (p *Postgres) String() string { return p.where }
 
-// Close closes the connection or pool.
+// Close closes the connections.
 func (p *Postgres) Close() error {
-	p.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p.mu.Lock()
+	if p.conn != nil {
+		p.conn.Close(ctx)
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	p.spareMu.Lock()
+	if p.spare != nil {
+		p.spare.Close(ctx)
+		p.spare = nil
+	}
+	p.spareMu.Unlock()
 	return nil
 }
 
@@ -165,45 +166,197 @@ func (p *Postgres) badURL(err error) error {
 	return fmt.Errorf("%w %s: %s", ErrBadURL, p.where, p.redact(err.Error()))
 }
 
+func (p *Postgres) dial(ctx context.Context) (*pgconn.PgConn, error) {
+	c, err := pgconn.ConnectConfig(ctx, p.cfg)
+	if err != nil {
+		return nil, p.wrap("connect", err)
+	}
+	return c, nil
+}
+
+// with runs f on the shared connection, one call at a time, connecting
+// first when there is none. A transaction f leaves open is rolled back; a
+// connection that broke is dropped, for the next call to make anew. f's
+// error comes back wrapped as op (p.wrap).
+func (p *Postgres) with(ctx context.Context, op string, f func(c *pgconn.PgConn) error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil && p.conn.IsClosed() {
+		p.conn = nil
+	}
+	if p.conn == nil {
+		c, err := p.dial(ctx)
+		if err != nil {
+			return err
+		}
+		p.conn = c
+	}
+	err := f(p.conn)
+	p.conn = p.tidy(p.conn)
+	if errors.As(err, new(errPlain)) {
+		return err
+	}
+	return p.wrap(op, err)
+}
+
+// tidy rolls back what c left open; it returns c, or nil when c is broken
+// (and closed).
+func (p *Postgres) tidy(c *pgconn.PgConn) *pgconn.PgConn {
+	if !c.IsClosed() && c.TxStatus() != 'I' {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.Exec(ctx, "ROLLBACK").ReadAll()
+		cancel()
+		if err != nil {
+			c.Close(context.Background())
+		}
+	}
+	if c.IsClosed() {
+		return nil
+	}
+	return c
+}
+
+// errPlain is an error f already said in full: with passes it on as it is.
+type errPlain struct{ error }
+
+func (e errPlain) Unwrap() error { return e.error }
+
+// query runs one statement, its arguments sent as text (see param), and
+// returns its rows as text.
+func query(ctx context.Context, c *pgconn.PgConn, sql string, args ...any) (*pgconn.Result, error) {
+	vals := make([][]byte, len(args))
+	for i, a := range args {
+		vals[i] = param(a)
+	}
+	res := c.ExecParams(ctx, sql, vals, nil, nil, nil).Read()
+	return res, res.Err
+}
+
+// param is an argument's text form: a string as it is, a number in
+// decimal, a time in RFC 3339 with nanoseconds (the server keeps
+// microseconds), a []string as an array literal, nil as NULL.
+func param(a any) []byte {
+	switch v := a.(type) {
+	case nil:
+		return nil
+	case string:
+		return []byte(v)
+	case []byte:
+		return v
+	case int:
+		return strconv.AppendInt(nil, int64(v), 10)
+	case int64:
+		return strconv.AppendInt(nil, v, 10)
+	case uint64:
+		return strconv.AppendUint(nil, v, 10)
+	case time.Time:
+		return []byte(v.UTC().Format(time.RFC3339Nano))
+	case []string:
+		b := []byte{'{'}
+		for i, s := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '"')
+			for _, ch := range []byte(s) {
+				if ch == '"' || ch == '\\' {
+					b = append(b, '\\')
+				}
+				b = append(b, ch)
+			}
+			b = append(b, '"')
+		}
+		return append(b, '}')
+	}
+	panic(fmt.Sprintf("ledger: no text form for %T", a))
+}
+
+// micros is a timestamptz column as microseconds since the epoch, read
+// back by atMicros: a form that no DateStyle or TimeZone setting changes.
+func micros(col string) string {
+	return `(extract(epoch FROM coalesce(` + col + `, 'epoch')) * 1000000)::bigint`
+}
+
+// atMicros parses micros' text; the epoch itself (a NULL) is the zero time.
+func atMicros(b []byte) (time.Time, error) {
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return time.Time{}, errDecode{fmt.Errorf("a time of %q: %v", b, err)}
+	}
+	if n == 0 {
+		return time.Time{}, nil
+	}
+	return time.UnixMicro(n).UTC(), nil
+}
+
+func atoi(b []byte) (int, error) {
+	n, err := strconv.Atoi(string(b))
+	if err != nil {
+		return 0, errDecode{fmt.Errorf("a number of %q: %v", b, err)}
+	}
+	return n, nil
+}
+
 // Init creates the schema in an empty database or migrates an older one
 // to SchemaVersion, in one transaction (serialised with any other Init by
 // an advisory lock). It refuses a newer schema (ErrSchema), changing
 // nothing. It returns the version found (-1: none) and the one now there.
 func (p *Postgres) Init(ctx context.Context) (from, to int, err error) {
-	tx, err := p.db.Begin(ctx)
+	from, to = -1, -1
+	err = p.with(ctx, "init", func(c *pgconn.PgConn) error {
+		if _, err := c.Exec(ctx, `BEGIN; SET LOCAL lock_timeout = 0; SELECT pg_advisory_xact_lock(7297846572)`).ReadAll(); err != nil {
+			return err
+		}
+		res, err := query(ctx, c, `SELECT to_regclass('agent_wrap_schema') IS NOT NULL`)
+		if err != nil {
+			return err
+		}
+		if string(res.Rows[0][0]) == "t" {
+			res, err := query(ctx, c, `SELECT version FROM agent_wrap_schema`)
+			if err != nil {
+				return err
+			}
+			if len(res.Rows) != 1 {
+				return errPlain{fmt.Errorf("ledger %s: %w: agent_wrap_schema holds %d rows", p.where, ErrSchema, len(res.Rows))}
+			}
+			if from, err = atoi(res.Rows[0][0]); err != nil {
+				return err
+			}
+		}
+		if from > SchemaVersion {
+			to = from
+			return errPlain{p.newer(from)}
+		}
+		for v := max(from, 0); v < SchemaVersion; v++ {
+			if _, err := c.Exec(ctx, migrations[v]).ReadAll(); err != nil {
+				return fmt.Errorf("migrate to version %d: %w", v+1, err)
+			}
+		}
+		if _, err := query(ctx, c, `UPDATE agent_wrap_schema SET version = $1, migrated_at = now()`, SchemaVersion); err != nil {
+			return err
+		}
+		return commit(ctx, c)
+	})
 	if err != nil {
-		return 0, 0, p.wrap("begin", err)
+		return from, max(from, to), err
 	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7297846572)`); err != nil {
-		return 0, 0, p.wrap("lock", err)
-	}
-	from = -1
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT to_regclass('agent_wrap_schema') IS NOT NULL`).Scan(&exists); err != nil {
-		return 0, 0, p.wrap("read the schema", err)
-	}
-	if exists {
-		if err := tx.QueryRow(ctx, `SELECT version FROM agent_wrap_schema`).Scan(&from); err != nil {
-			return 0, 0, p.wrap("read the schema version", err)
-		}
-	}
-	if from > SchemaVersion {
-		return from, from, p.newer(from)
-	}
-	for v := max(from, 0); v < SchemaVersion; v++ {
-		if _, err := tx.Exec(ctx, migrations[v]); err != nil {
-			return from, v, p.wrap(fmt.Sprintf("migrate to version %d", v+1), err)
-		}
-	}
-	if _, err := tx.Exec(ctx, `UPDATE agent_wrap_schema SET version = $1, migrated_at = now()`, SchemaVersion); err != nil {
-		return from, from, p.wrap("record the version", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return from, from, p.wrap("commit", err)
-	}
+	p.checkMu.Lock()
 	p.checked = true
+	p.checkMu.Unlock()
 	return from, SchemaVersion, nil
+}
+
+// commit commits c's transaction: an error unless the server says COMMIT
+// (a failed transaction's COMMIT answers ROLLBACK).
+func commit(ctx context.Context, c *pgconn.PgConn) error {
+	res, err := c.Exec(ctx, "COMMIT").ReadAll()
+	if err != nil {
+		return err
+	}
+	if len(res) != 1 || res[0].CommandTag.String() != "COMMIT" {
+		return errors.New("the transaction was rolled back")
+	}
+	return nil
 }
 
 func (p *Postgres) newer(v int) error {
@@ -217,27 +370,37 @@ func (p *Postgres) check(ctx context.Context) error {
 	if p.checked {
 		return nil
 	}
-	var v int
-	err := p.db.QueryRow(ctx, `SELECT version FROM agent_wrap_schema`).Scan(&v)
-	var pe *pgconn.PgError
-	switch {
-	case errors.As(err, &pe) && pe.Code == "42P01": // undefined_table
-		return fmt.Errorf("ledger %s: %w (no table agent_wrap_schema)", p.where, ErrNoSchema)
-	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("ledger %s: %w: agent_wrap_schema is empty", p.where, ErrSchema)
-	case err != nil:
-		return p.wrap("read the schema version", err)
-	case v > SchemaVersion:
-		return p.newer(v)
-	case v < SchemaVersion:
-		return fmt.Errorf("ledger %s: %w: its version is %d, this agent-wrap needs %d ('agent-wrap ledger init' migrates it)", p.where, ErrSchema, v, SchemaVersion)
+	err := p.with(ctx, "read the schema version", func(c *pgconn.PgConn) error {
+		res, err := query(ctx, c, `SELECT version FROM agent_wrap_schema`)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42P01" { // undefined_table
+			return errPlain{fmt.Errorf("ledger %s: %w (no table agent_wrap_schema)", p.where, ErrNoSchema)}
+		}
+		if err != nil {
+			return err
+		}
+		if len(res.Rows) == 0 {
+			return errPlain{fmt.Errorf("ledger %s: %w: agent_wrap_schema is empty", p.where, ErrSchema)}
+		}
+		v, err := atoi(res.Rows[0][0])
+		switch {
+		case err != nil:
+			return err
+		case v > SchemaVersion:
+			return errPlain{p.newer(v)}
+		case v < SchemaVersion:
+			return errPlain{fmt.Errorf("ledger %s: %w: its version is %d, this agent-wrap needs %d ('agent-wrap ledger init' migrates it)", p.where, ErrSchema, v, SchemaVersion)}
+		}
+		return nil
+	})
+	if err == nil {
+		p.checked = true
 	}
-	p.checked = true
-	return nil
+	return err
 }
 
-// wrap names err's kind (ErrDenied, ErrUnreachable, ErrNoSchema) and cuts
-// the password out of its text.
+// wrap names err's kind (ErrDenied, ErrUnreachable, ErrNoSchema, ErrBusy)
+// and cuts the password out of its text.
 func (p *Postgres) wrap(op string, err error) error {
 	if err == nil {
 		return nil
@@ -258,6 +421,8 @@ func (p *Postgres) wrap(op string, err error) error {
 			return fmt.Errorf("ledger %s: %w: %s", p.where, ErrNoSchema, msg)
 		case pe.Code == "42P01":
 			return fmt.Errorf("ledger %s: %w: %s", p.where, ErrNoSchema, msg)
+		case pe.Code == "55P03": // lock_not_available: a claim holds the row past lock_timeout
+			return fmt.Errorf("ledger %s: %s: %w (%s)", p.where, op, ErrBusy, msg)
 		case strings.HasPrefix(pe.Code, "08"), pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03", pe.Code == "53300":
 			return fmt.Errorf("ledger %s: %w: %s", p.where, ErrUnreachable, msg)
 		}
@@ -293,13 +458,11 @@ func Redact(s string) string {
 	return pwParam.ReplaceAllString(s, "${1}xxxxx")
 }
 
-// row is what the ledger's statements write of a record.
-func rowOf(r *Record) (owner Owner, rec []byte, err error) {
-	if r.Controller != nil {
-		owner = *r.Controller
-	}
-	rec, err = json.Marshal(r)
-	return owner, rec, err
+// encode is the record's JSON, as the record column holds it.
+func encode(r *Record) ([]byte, error) {
+	r.Schema = 1
+	r.UpdatedAt = time.Now().UTC()
+	return json.Marshal(r)
 }
 
 // Create inserts the run's row; the primary key refuses a duplicate
@@ -311,27 +474,36 @@ func (p *Postgres) Create(ctx context.Context, r *Record) error {
 	if err := p.check(ctx); err != nil {
 		return err
 	}
-	r.Schema = 1
-	r.UpdatedAt = time.Now().UTC()
-	o, b, err := rowOf(r)
+	var o Owner
+	if r.Controller != nil {
+		o = *r.Controller
+	}
+	b, err := encode(r)
 	if err != nil {
 		return err
 	}
 	var hb time.Time
-	err = p.db.QueryRow(ctx, `INSERT INTO agent_wrap_runs
-		(run_id, state, outcome, owner_host, owner_boot_id, owner_pid, owner_start, heartbeat_at, created_at, record)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $4 <> '' THEN now() END, $8, $9)
-		RETURNING coalesce(heartbeat_at, 'epoch')`,
-		r.RunID, r.State, r.Outcome, o.Host, o.BootID, o.PID, int64(o.Start), r.CreatedAt, b).Scan(&hb)
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
-		return fmt.Errorf("run %s: %w (%s)", r.RunID, ErrExists, p.where)
-	}
+	err = p.with(ctx, "create run "+r.RunID, func(c *pgconn.PgConn) error {
+		res, err := query(ctx, c, `INSERT INTO agent_wrap_runs
+			(run_id, state, outcome, owner_host, owner_boot_id, owner_pid, owner_start, heartbeat_at, created_at, record)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $4 <> '' THEN now() END, $8, $9)
+			RETURNING `+micros("heartbeat_at"),
+			r.RunID, r.State, r.Outcome, o.Host, o.BootID, o.PID, int64(o.Start), r.CreatedAt, b)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
+			return errPlain{fmt.Errorf("run %s: %w (%s)", r.RunID, ErrExists, p.where)}
+		}
+		if err != nil {
+			return err
+		}
+		hb, err = atMicros(res.Rows[0][0])
+		return err
+	})
 	if err != nil {
-		return p.wrap("create run "+r.RunID, err)
+		return err
 	}
 	if r.Controller != nil {
-		r.HeartbeatAt = hb.UTC()
+		r.HeartbeatAt = hb
 	}
 	return nil
 }
@@ -342,20 +514,22 @@ func (p *Postgres) Update(ctx context.Context, r *Record) error {
 	if err := rundir.ValidID(r.RunID); err != nil {
 		return err
 	}
-	r.Schema = 1
-	r.UpdatedAt = time.Now().UTC()
-	_, b, err := rowOf(r)
+	b, err := encode(r)
 	if err != nil {
 		return err
 	}
-	tag, err := p.db.Exec(ctx, `UPDATE agent_wrap_runs SET state = $2, outcome = $3, record = $4, updated_at = now(),
-		heartbeat_at = CASE WHEN $2 <> 'settled' AND owner_host <> '' THEN now() ELSE heartbeat_at END
-		WHERE run_id = $1 AND state <> 'settled'`, r.RunID, r.State, r.Outcome, b)
-	if err != nil {
-		return p.wrap("update run "+r.RunID, err)
-	}
-	if tag.RowsAffected() == 1 {
-		return nil
+	var n int64
+	err = p.with(ctx, "update run "+r.RunID, func(c *pgconn.PgConn) error {
+		res, err := query(ctx, c, `UPDATE agent_wrap_runs SET state = $2, outcome = $3, record = $4, updated_at = now(),
+			heartbeat_at = CASE WHEN $2 <> 'settled' AND owner_host <> '' THEN now() ELSE heartbeat_at END
+			WHERE run_id = $1 AND state <> 'settled'`, r.RunID, r.State, r.Outcome, b)
+		if err == nil {
+			n = res.CommandTag.RowsAffected()
+		}
+		return err
+	})
+	if err != nil || n == 1 {
+		return err
 	}
 	cur, err := p.Read(ctx, r.RunID)
 	if err != nil {
@@ -364,10 +538,8 @@ func (p *Postgres) Update(ctx context.Context, r *Record) error {
 	return fmt.Errorf("run %s: %w (%s)", r.RunID, ErrLost, settledWhen(cur))
 }
 
-const (
-	recordCols   = `record, coalesce(heartbeat_at, 'epoch')`
-	selectRecord = `SELECT ` + recordCols + ` FROM agent_wrap_runs`
-)
+// recordCols are the columns decode reads: the record, its heartbeat.
+var recordCols = `record, ` + micros("heartbeat_at")
 
 // errDecode marks a row that was read but does not decode: not the
 // connection's fault.
@@ -375,18 +547,18 @@ type errDecode struct{ err error }
 
 func (e errDecode) Error() string { return "a record that does not decode: " + e.err.Error() }
 
-func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
-	var b []byte
-	var hb time.Time
-	if err := row.Scan(append([]any{&b, &hb}, extra...)...); err != nil {
-		return nil, err
-	}
+// decode makes a Record of a row's record and heartbeat columns.
+func decode(row [][]byte) (*Record, error) {
 	var r Record
-	if err := json.Unmarshal(b, &r); err != nil {
+	if err := json.Unmarshal(row[0], &r); err != nil {
 		return nil, errDecode{err}
 	}
-	if hb.Unix() > 0 {
-		r.HeartbeatAt = hb.UTC()
+	hb, err := atMicros(row[1])
+	if err != nil {
+		return nil, err
+	}
+	if !hb.IsZero() {
+		r.HeartbeatAt = hb
 	}
 	return &r, nil
 }
@@ -396,19 +568,24 @@ func (p *Postgres) Read(ctx context.Context, id string) (*Record, error) {
 	if err := rundir.ValidID(id); err != nil {
 		return nil, err
 	}
-	r, err := scanRecord(p.db.QueryRow(ctx, selectRecord+` WHERE run_id = $1`, id))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("run %s: %w (%s)", id, ErrNoRecord, p.where)
-	}
-	if err != nil {
-		return nil, p.wrap("read run "+id, err)
-	}
-	return r, nil
+	var r *Record
+	err := p.with(ctx, "read run "+id, func(c *pgconn.PgConn) error {
+		res, err := query(ctx, c, `SELECT `+recordCols+` FROM agent_wrap_runs WHERE run_id = $1`, id)
+		if err != nil {
+			return err
+		}
+		if len(res.Rows) == 0 {
+			return errPlain{fmt.Errorf("run %s: %w (%s)", id, ErrNoRecord, p.where)}
+		}
+		r, err = decode(res.Rows[0])
+		return err
+	})
+	return r, err
 }
 
 // List returns the records f selects, sorted by run ID.
 func (p *Postgres) List(ctx context.Context, f Filter) ([]*Record, error) {
-	q := selectRecord
+	q := `SELECT run_id, ` + recordCols + ` FROM agent_wrap_runs`
 	var where []string
 	var args []any
 	if f.Unsettled {
@@ -426,56 +603,80 @@ func (p *Postgres) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	rows, err := p.db.Query(ctx, q+" ORDER BY run_id", args...)
+	var rows [][][]byte
+	err := p.with(ctx, "list", func(c *pgconn.PgConn) error {
+		res, err := query(ctx, c, q+" ORDER BY run_id", args...)
+		if err == nil {
+			rows = res.Rows
+		}
+		return err
+	})
 	if err != nil {
-		return nil, p.wrap("list", err)
+		return nil, err
 	}
-	defer rows.Close()
 	var recs []*Record
 	var errs []error
-	for rows.Next() {
-		r, err := scanRecord(rows)
+	for _, row := range rows {
+		r, err := decode(row[1:])
 		if err != nil {
-			errs = append(errs, p.wrap("list", err))
+			errs = append(errs, p.wrap("list: run "+string(row[0]), err))
 			continue
 		}
 		recs = append(recs, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, p.wrap("list", err)
 	}
 	return recs, errors.Join(errs...)
 }
 
 // Heartbeat sets heartbeat_at = now() for o's unsettled runs among ids,
-// in one statement.
+// in one statement. A row a claim holds is skipped, not waited for: its
+// settle is judging it.
 func (p *Postgres) Heartbeat(ctx context.Context, o *Owner, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := p.db.Exec(ctx, `UPDATE agent_wrap_runs SET heartbeat_at = now()
-		WHERE run_id = ANY($1) AND state <> 'settled'
-		AND owner_host = $2 AND owner_boot_id = $3 AND owner_pid = $4 AND owner_start = $5`,
-		ids, o.Host, o.BootID, o.PID, int64(o.Start))
-	return p.wrap("heartbeat", err)
+	return p.with(ctx, "heartbeat", func(c *pgconn.PgConn) error {
+		_, err := query(ctx, c, `UPDATE agent_wrap_runs SET heartbeat_at = now() WHERE run_id IN (
+			SELECT run_id FROM agent_wrap_runs
+			WHERE run_id = ANY($1::text[]) AND state <> 'settled'
+			AND owner_host = $2 AND owner_boot_id = $3 AND owner_pid = $4 AND owner_start = $5
+			FOR UPDATE SKIP LOCKED)`,
+			ids, o.Host, o.BootID, o.PID, int64(o.Start))
+		return err
+	})
 }
 
 // Claim locks the run's row (SELECT ... FOR UPDATE SKIP LOCKED) in a
-// transaction held until Settle or Release. A row another transaction
-// holds is ErrBusy.
+// transaction, on a connection of the claim's own, held until Settle or
+// Release. A row another transaction holds is ErrBusy.
 func (p *Postgres) Claim(ctx context.Context, id string) (*Claim, error) {
 	if err := rundir.ValidID(id); err != nil {
 		return nil, err
 	}
-	tx, err := p.db.Begin(ctx)
-	if err != nil {
-		return nil, p.wrap("begin", err)
+	p.spareMu.Lock()
+	c := p.spare
+	p.spare = nil
+	p.spareMu.Unlock()
+	if c == nil || c.IsClosed() {
+		var err error
+		if c, err = p.dial(ctx); err != nil {
+			return nil, err
+		}
 	}
+	var res *pgconn.Result
+	_, err := c.Exec(ctx, "BEGIN").ReadAll()
+	if err == nil {
+		res, err = query(ctx, c, `SELECT `+recordCols+`, `+micros("now()")+` FROM agent_wrap_runs WHERE run_id = $1 FOR UPDATE SKIP LOCKED`, id)
+	}
+	var r *Record
 	var now time.Time
-	r, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+`, now() FROM agent_wrap_runs WHERE run_id = $1 FOR UPDATE SKIP LOCKED`, id), &now)
-	if err != nil {
-		tx.Rollback(context.Background())
-		if !errors.Is(err, pgx.ErrNoRows) {
+	if err == nil && len(res.Rows) == 1 {
+		if r, err = decode(res.Rows[0]); err == nil {
+			now, err = atMicros(res.Rows[0][2])
+		}
+	}
+	if err != nil || r == nil {
+		p.putBack(c)
+		if err != nil {
 			return nil, p.wrap("claim run "+id, err)
 		}
 		if _, rerr := p.Read(ctx, id); rerr != nil {
@@ -484,21 +685,34 @@ func (p *Postgres) Claim(ctx context.Context, id string) (*Claim, error) {
 		return nil, fmt.Errorf("run %s: %w", id, ErrBusy)
 	}
 	return &Claim{
-		Record: r, Now: now.UTC(),
+		Record: r, Now: now,
 		settle: func(ctx context.Context, r *Record) error {
-			defer tx.Rollback(context.Background())
-			r.Schema = 1
-			r.UpdatedAt = time.Now().UTC()
-			_, b, err := rowOf(r)
+			defer p.putBack(c)
+			b, err := encode(r)
 			if err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `UPDATE agent_wrap_runs SET state = $2, outcome = $3, record = $4, updated_at = now()
+			if _, err := query(ctx, c, `UPDATE agent_wrap_runs SET state = $2, outcome = $3, record = $4, updated_at = now()
 				WHERE run_id = $1`, r.RunID, r.State, r.Outcome, b); err != nil {
 				return p.wrap("settle run "+r.RunID, err)
 			}
-			return p.wrap("commit the settle of "+r.RunID, tx.Commit(ctx))
+			return p.wrap("commit the settle of "+r.RunID, commit(ctx, c))
 		},
-		release: func() { tx.Rollback(context.Background()) },
+		release: func() { p.putBack(c) },
 	}, nil
+}
+
+// putBack ends what a claim's connection has open and keeps it for the
+// next claim (one is kept; another is closed).
+func (p *Postgres) putBack(c *pgconn.PgConn) {
+	if c = p.tidy(c); c == nil {
+		return
+	}
+	p.spareMu.Lock()
+	defer p.spareMu.Unlock()
+	if p.spare == nil {
+		p.spare = c
+		return
+	}
+	c.Close(context.Background())
 }

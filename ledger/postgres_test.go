@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // What a database that is not a ledger of this version says: each a
@@ -90,5 +92,12 @@ func queryInt(ctx context.Context, db, sql string, out *int) error {
 		return err
 	}
 	defer p.Close()
-	return p.db.QueryRow(ctx, sql).Scan(out)
+	return p.with(ctx, "test query", func(c *pgconn.PgConn) error {
+		res, err := query(ctx, c, sql)
+		if err != nil {
+			return err
+		}
+		*out, err = atoi(res.Rows[0][0])
+		return err
+	})
 }

@@ -38,7 +38,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // uid is the account the server runs as.
@@ -181,7 +181,7 @@ func (s *Server) Restart() error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		c, err := pgx.Connect(ctx, s.URL("postgres", "postgres"))
+		c, err := pgconn.Connect(ctx, s.URL("postgres", "postgres"))
 		cancel()
 		if err == nil {
 			c.Close(context.Background())
@@ -271,27 +271,54 @@ func (s *Server) NewDB(ctx context.Context) (string, error) {
 	return name, nil
 }
 
-// Exec runs SQL as the superuser in database db.
-func (s *Server) Exec(ctx context.Context, db, sql string, args ...any) error {
-	c, err := pgx.Connect(ctx, s.URL("postgres", db))
+// Exec runs SQL (one or more statements, no parameters) as the superuser
+// in database db.
+func (s *Server) Exec(ctx context.Context, db, sql string) error {
+	_, err := s.Query(ctx, db, sql)
+	return err
+}
+
+// Query runs one statement as the superuser in database db, its
+// arguments as text, and returns its rows as text.
+func (s *Server) Query(ctx context.Context, db, sql string, args ...string) ([][]string, error) {
+	c, err := pgconn.Connect(ctx, s.URL("postgres", db))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer c.Close(context.Background())
-	_, err = c.Exec(ctx, sql, args...)
-	return err
+	if len(args) == 0 {
+		res, err := c.Exec(ctx, sql).ReadAll()
+		if err != nil || len(res) == 0 {
+			return nil, err
+		}
+		return texts(res[len(res)-1].Rows), nil
+	}
+	vals := make([][]byte, len(args))
+	for i, a := range args {
+		vals[i] = []byte(a)
+	}
+	res := c.ExecParams(ctx, sql, vals, nil, nil, nil).Read()
+	return texts(res.Rows), res.Err
+}
+
+func texts(rows [][][]byte) [][]string {
+	out := make([][]string, len(rows))
+	for i, r := range rows {
+		out[i] = make([]string, len(r))
+		for j, v := range r {
+			out[i][j] = string(v)
+		}
+	}
+	return out
 }
 
 // Connections counts the server's client connections to database db.
 func (s *Server) Connections(ctx context.Context, db string) (int, error) {
-	c, err := pgx.Connect(ctx, s.URL("postgres", "postgres"))
+	rows, err := s.Query(ctx, "postgres", `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, db)
 	if err != nil {
 		return 0, err
 	}
-	defer c.Close(context.Background())
-	var n int
-	err = c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, db).Scan(&n)
-	return n, err
+	return strconv.Atoi(rows[0][0])
 }
 
 func freePort() (int, error) {
