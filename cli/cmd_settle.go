@@ -97,6 +97,9 @@ func runSettle(e *Env, args []string) int {
 			if rec.Reason != "" {
 				line += ": " + rec.Reason
 			}
+			if errors.Is(err, controller.ErrAlreadySettled) {
+				line += " (settled already; nothing written)"
+			}
 			fmt.Fprintln(e.Stdout, line)
 		case controller.SettleRunning:
 			fmt.Fprintf(e.Stdout, "%s: running: %v\n", rec.RunID, err)

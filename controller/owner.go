@@ -206,7 +206,7 @@ func (w *writer) loop() {
 			}
 			b.reset()
 		case errors.Is(err, ledger.ErrLost):
-			w.err = fmt.Errorf("run %s: %v; this controller does not overwrite it", w.id, err)
+			w.err = fmt.Errorf("%v; this controller does not overwrite it", err) // err names the run
 		default:
 			if w.failing.IsZero() {
 				w.failing = time.Now()

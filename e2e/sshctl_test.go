@@ -70,20 +70,33 @@ func (c *ctlHarness) start(id string, flags []string, argv ...string) *ctl {
 // startTo is start with the destination dest.
 func (c *ctlHarness) startTo(dest, id string, flags []string, argv ...string) *ctl {
 	c.t.Helper()
+	return startCtlEnv(c.t, nil, c.sshArgs(dest, id, flags, argv...))
+}
+
+// sshArgs are the arguments of `agent-wrap ssh` to dest for run id.
+func (c *ctlHarness) sshArgs(dest, id string, flags []string, argv ...string) []string {
 	args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", bin, "--remote-root", c.root,
 		"--ledger", c.ledger, "--events", c.events, "--id", id}
 	args = append(args, flags...)
 	args = append(args, dest, "--")
-	args = append(args, argv...)
-	return startCtl(c.t, args)
+	return append(args, argv...)
 }
 
 // startCtl starts bin with args in a process group of its own, its output
 // kept; cleanup kills it if it still runs.
 func startCtl(t *testing.T, args []string) *ctl {
 	t.Helper()
+	return startCtlEnv(t, nil, args)
+}
+
+// startCtlEnv is startCtl with env added to the test's environment.
+func startCtlEnv(t *testing.T, env, args []string) *ctl {
+	t.Helper()
 	k := &ctl{done: make(chan struct{})}
 	k.cmd = exec.Command(bin, args...)
+	if env != nil {
+		k.cmd.Env = append(os.Environ(), env...)
+	}
 	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
 	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -156,7 +156,8 @@ func (s *Server) TCPURL(user, password, db string) string {
 }
 
 // Restart starts the server (again, after StopImmediate) on the same
-// data directory and port, and waits until it takes connections.
+// data directory and port, and waits until it takes connections (after
+// a crash, once its recovery is done).
 func (s *Server) Restart() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -221,22 +222,26 @@ func (s *Server) PID() int {
 	return n
 }
 
-// StopImmediate is `pg_ctl stop -m immediate`: the server drops every
-// connection and exits without a checkpoint, as in a crash.
+// StopImmediate stops the server as `pg_ctl stop -m immediate` does, as
+// in a crash: SIGQUIT to the postmaster, by the PID it was started with
+// (which postmaster.pid names too); it drops every connection and exits
+// without a checkpoint. It returns once the process has exited.
 func (s *Server) StopImmediate() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd == nil {
 		return errors.New("pgtest: the server is not running")
 	}
-	out, err := s.as("pg_ctl", "-D", filepath.Join(s.Dir, "data"), "stop", "-m", "immediate", "-w").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctl stop: %v: %s", err, out)
+	if pid := s.PID(); pid != s.cmd.Process.Pid {
+		return fmt.Errorf("pgtest: postmaster.pid says %d, the server started is %d", pid, s.cmd.Process.Pid)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGQUIT); err != nil {
+		return err
 	}
 	select {
 	case <-s.done:
 	case <-time.After(30 * time.Second):
-		return errors.New("postgres still running 30s after pg_ctl stop")
+		return errors.New("postgres still running 30s after SIGQUIT")
 	}
 	s.cmd = nil
 	return nil
