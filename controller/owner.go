@@ -35,7 +35,7 @@ func Self() *ledger.Owner {
 			host, _ = os.Hostname()
 		}
 		o := &ledger.Owner{Host: host, PID: os.Getpid()}
-		o.BootID, _ = proc.BootID()
+		o.BootID = localBootID()
 		if st, err := proc.ReadStat(o.PID); err == nil {
 			o.Start = st.Start
 		}
