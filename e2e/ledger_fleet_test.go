@@ -114,8 +114,9 @@ func TestSSHPostgresFleetSettleOnce(t *testing.T) {
 	c := newCtlHarness(t)
 	c.ledger = url
 	gate := filepath.Join(t.TempDir(), "go")
-	runnerA := []string{"AGENT_WRAP_CONTROLLER_HOST=runner-a"}
-	runnerB := []string{"AGENT_WRAP_CONTROLLER_HOST=runner-b"}
+	c.env = []string{"XDG_STATE_HOME=" + t.TempDir()}
+	runnerA := append([]string{"AGENT_WRAP_CONTROLLER_HOST=runner-a"}, c.env...)
+	runnerB := append([]string{"AGENT_WRAP_CONTROLLER_HOST=runner-b"}, c.env...)
 	const n = 4 // killed; one more is stopped
 	flags := []string{"--lease", "120s", "--grace", "1s", "--give-up", "3s"}
 	id := func(i int) string { return "fleet-" + strconv.Itoa(i) }
@@ -213,6 +214,7 @@ func TestSSHPostgresAway(t *testing.T) {
 	pg, db, url := pgLedger(t)
 	c := newCtlHarness(t)
 	c.ledger = url
+	c.env = []string{"XDG_STATE_HOME=" + t.TempDir()}
 	gate := filepath.Join(t.TempDir(), "go")
 	const lease = 8 * time.Second
 	flags := []string{"--lease", "8s", "--renew-every", "1s", "--grace", "1s"}
@@ -281,7 +283,7 @@ func TestSSHPostgresAway(t *testing.T) {
 	if r := pgRec(t, url, "away-z"); r.State != ledger.Running {
 		t.Errorf("away-z: state %s in the ledger, want running (its end was never written)", r.State)
 	}
-	if code, out := runBin("settle", "away-z", "--ledger", url); code != 0 || !strings.Contains(out, "away-z: completed (exit 6)") {
+	if code, out := runBinEnv(c.env, "settle", "away-z", "--ledger", url); code != 0 || !strings.Contains(out, "away-z: completed (exit 6)") {
 		t.Errorf("settle away-z: exit %d: %s", code, out)
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/agent-wrap/agent-wrap/internal/pgtest"
@@ -21,6 +23,78 @@ func startPG(t *testing.T) *pgtest.Server {
 	}
 	t.Cleanup(pg.Stop)
 	return pg
+}
+
+// The e2e binary's shared PostgreSQL, started by the first test that
+// needs it and stopped by testMain.
+var shared struct {
+	once sync.Once
+	pg   *pgtest.Server
+	err  error
+}
+
+func stopSharedPG() {
+	if shared.pg != nil {
+		shared.pg.Stop()
+	}
+}
+
+// newPGCtlHarness is newCtlHarness with a database ledger: a fresh
+// database, initialised, on the shared server; ssh's -E logs go to a
+// state directory of the test's own.
+func newPGCtlHarness(t *testing.T) *ctlHarness {
+	t.Helper()
+	shared.once.Do(func() { shared.pg, shared.err = pgtest.Start() })
+	if shared.err != nil {
+		t.Fatalf("the PostgreSQL ledger's tests need a real server: %v", shared.err)
+	}
+	ctx := context.Background()
+	db, err := shared.pg.NewDB(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := shared.pg.URL("postgres", db)
+	p, err := ledger.OpenPostgresForInit(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, _, err := p.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := newCtlHarness(t)
+	c.ledger = url
+	c.env = []string{"XDG_STATE_HOME=" + t.TempDir()}
+	return c
+}
+
+// sshLogDir is where the controller keeps ssh's -E logs: beside the
+// records of a files ledger; the state directory with a database.
+func (c *ctlHarness) sshLogDir() string {
+	if !ledger.IsURL(c.ledger) {
+		return c.ledger
+	}
+	for _, kv := range c.env {
+		if v, ok := strings.CutPrefix(kv, "XDG_STATE_HOME="); ok {
+			return filepath.Join(v, "agent-wrap", "ssh-logs")
+		}
+	}
+	c.t.Fatal("a database ledger's harness without XDG_STATE_HOME")
+	return ""
+}
+
+// eachLedger runs f on a files ledger and on a PostgreSQL one, in
+// parallel.
+func eachLedger(t *testing.T, f func(t *testing.T, c *ctlHarness)) {
+	t.Parallel()
+	t.Run("files", func(t *testing.T) {
+		t.Parallel()
+		f(t, newCtlHarness(t))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		f(t, newPGCtlHarness(t))
+	})
 }
 
 func runBin(args ...string) (int, string) {
@@ -46,6 +120,7 @@ func TestSSHPostgresLedger(t *testing.T) {
 	url := pg.URL("postgres", db)
 	c := newCtlHarness(t)
 	c.ledger = url
+	c.env = []string{"XDG_STATE_HOME=" + t.TempDir()}
 
 	for _, tc := range []struct {
 		name string
@@ -115,4 +190,19 @@ func TestSSHPostgresLedger(t *testing.T) {
 	if _, err := c.status("pgnewer"); err == nil {
 		t.Errorf("a run was launched over a newer schema")
 	}
+}
+
+// ledgerState is run id's state in the ledger, "" while it holds no record.
+func (c *ctlHarness) ledgerState(id string) string {
+	ctx := context.Background()
+	l, err := ledger.Open(ctx, c.ledger, false)
+	if err != nil {
+		return ""
+	}
+	defer l.Close()
+	r, err := l.Read(ctx, id)
+	if err != nil {
+		return ""
+	}
+	return r.State
 }

@@ -26,8 +26,9 @@ import (
 type ctlHarness struct {
 	*harness
 	rl     *relay.Relay
-	ledger string
+	ledger string   // a directory, or a database's URL (newPGCtlHarness)
 	events string
+	env    []string // added to the environment of the binary's runs
 }
 
 func newCtlHarness(t *testing.T) *ctlHarness {
@@ -70,7 +71,7 @@ func (c *ctlHarness) start(id string, flags []string, argv ...string) *ctl {
 // startTo is start with the destination dest.
 func (c *ctlHarness) startTo(dest, id string, flags []string, argv ...string) *ctl {
 	c.t.Helper()
-	return startCtlEnv(c.t, nil, c.sshArgs(dest, id, flags, argv...))
+	return startCtlEnv(c.t, c.env, c.sshArgs(dest, id, flags, argv...))
 }
 
 // sshArgs are the arguments of `agent-wrap ssh` to dest for run id.
@@ -168,6 +169,9 @@ func (k *ctl) attachClient() int {
 // ledgerRec reads the run's ledger record.
 func (c *ctlHarness) ledgerRec(id string) ledger.Record {
 	c.t.Helper()
+	if ledger.IsURL(c.ledger) {
+		return *pgRec(c.t, c.ledger, id)
+	}
 	var r ledger.Record
 	b, err := os.ReadFile(filepath.Join(c.ledger, id+".json"))
 	if err != nil {
@@ -231,6 +235,7 @@ func (c *ctlHarness) treeGone(id string) {
 func (c *ctlHarness) settle(args ...string) (int, string) {
 	c.t.Helper()
 	cmd := exec.Command(bin, append([]string{"settle", "--ledger", c.ledger}, args...)...)
+	cmd.Env = append(os.Environ(), c.env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
