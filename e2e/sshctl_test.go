@@ -26,7 +26,7 @@ import (
 type ctlHarness struct {
 	*harness
 	rl     *relay.Relay
-	ledger string   // a directory, or a database's URL (newPGCtlHarness)
+	ledger string // a directory, or a database's URL (newPGCtlHarness)
 	events string
 	env    []string // added to the environment of the binary's runs
 }
