@@ -20,7 +20,7 @@ func init() {
 		summary:  "run a job on another host so that it cannot be lost (the controller side)",
 		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
 		help:     sshHelp,
-		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage (an --http* flag too) or a run ID already in the ledger; 66 an --http-secret or --http-ca that cannot be had (nothing recorded or launched); 78 unsafe ledger",
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again), the ledger stayed away past --give-up, or another settle settled the run; 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage (an --http* flag too), a bad ledger URL or a run ID already in the ledger; 66 an --http-secret or --http-ca that cannot be had (nothing recorded or launched); 77 the database refused access; 78 unsafe ledger, or a database without this version's ledger",
 		run:      runSSH,
 	})
 }
@@ -58,7 +58,7 @@ func runSSH(e *Env, args []string) int {
 	addHTTPFlags(fs, &hf)     // read here, sent over the launch's stdin (ssh_http.go)
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
-	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
+	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -108,11 +108,12 @@ func runSSH(e *Env, args []string) int {
 		return code
 	}
 	cfg.HTTP = specs
-	l, code := e.openLedger(*ledgerDir, true)
+	l, code := e.openControllerLedger(*ledgerDir)
 	if l == nil {
 		return code
 	}
-	cfg.Ledger = l
+	defer l.Close()
+	cfg.Ledger, cfg.LogDir = l, e.sshLogDir(l)
 	if *events != "" {
 		f, err := os.OpenFile(*events, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 		if err != nil {
@@ -135,12 +136,13 @@ func runSSH(e *Env, args []string) int {
 		case errors.Is(err, ledger.ErrExists):
 			e.hint("the ledger already holds that run; pick another --id, or see it with 'agent-wrap ledger'")
 			return ExitUsage
-		case rundir.IsUnsafe(err):
-			return ExitUnsafeRoot
 		case errors.Is(err, rundir.ErrBadID):
 			return ExitUsage
+		case errors.Is(err, ledger.ErrUnreachable):
+			e.hint("nothing was launched; run it again once the ledger's database is back")
+			return 255
 		}
-		return ExitFailure
+		return e.ledgerHint(err)
 	}
 	go func() {
 		for s := range sigs {
@@ -150,29 +152,4 @@ func runSSH(e *Env, args []string) int {
 		}
 	}()
 	return run.Follow(e.Ctx)
-}
-
-// openLedger resolves and opens the ledger; errors are printed and the
-// second result is the exit code to return.
-func (e *Env) openLedger(flag string, create bool) (*ledger.Ledger, int) {
-	path, err := ledger.Resolve(flag, e.Getenv)
-	if err != nil {
-		e.errorf("%v", err)
-		e.hint("pass --ledger DIR or set AGENT_WRAP_LEDGER")
-		return nil, ExitUsage
-	}
-	l, err := ledger.Open(path, create)
-	if err != nil {
-		e.errorf("%v", err)
-		switch {
-		case rundir.IsUnsafe(err):
-			e.hint("the ledger must be a real directory owned by you with mode 0700; fix it or choose another with --ledger")
-			return nil, ExitUnsafeRoot
-		case errors.Is(err, os.ErrNotExist):
-			e.hint("no run was ever started with this ledger; pass the --ledger the runs used")
-			return nil, ExitNoRun
-		}
-		return nil, ExitFailure
-	}
-	return l, 0
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
-	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -39,10 +38,14 @@ type Config struct {
 	// the connection was lost.
 	GiveUp time.Duration
 
-	Ledger *ledger.Ledger // required
-	Events io.Writer      // controller events as JSON lines; nil: none
-	Stdout io.Writer      // the job's stdout; required
-	Stderr io.Writer      // the job's stderr; required
+	Ledger ledger.Store // required: files or PostgreSQL, the same to the controller
+	// LogDir is where the run's ssh -E logs go (a directory per run,
+	// removed by Follow, or by Settle after a controller was killed).
+	// Default: os.TempDir().
+	LogDir string
+	Events io.Writer // controller events as JSON lines; nil: none
+	Stdout io.Writer // the job's stdout; required
+	Stderr io.Writer // the job's stderr; required
 	// Control is the outer wrapper's control socket when the controller
 	// runs inside a run (the job's AGENT_WRAP_CONTROL), and OuterRunID that
 	// run's ID (AGENT_WRAP_RUN_ID): the run is then a handoff of the outer
@@ -80,6 +83,7 @@ type Run struct {
 
 	mu  sync.Mutex
 	rec ledger.Record // the ledger record as last written
+	w   *writer       // writes rec's states to the ledger, in order
 
 	out, errw *countingWriter
 
@@ -157,7 +161,10 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		w := cfg.Stderr
 		cfg.Notice = func(s string) { fmt.Fprintf(w, "agent-wrap: %s\n", s) }
 	}
-	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.Ledger, cfg.ID)
+	if cfg.LogDir == "" {
+		cfg.LogDir = os.TempDir()
+	}
+	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.LogDir, cfg.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -181,14 +188,14 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		Rsh: cfg.Rsh, RemoteBin: cfg.RemoteBin, RemoteRoot: cfg.RemoteRoot,
 		Command: argv, HTTP: gateways, Lease: lease, Grace: cfg.Grace.Seconds(),
 		CreatedAt: now, ControllerPID: os.Getpid(),
+		Controller: Self(), GiveUp: cfg.GiveUp.Seconds(),
 	}
-	if st, err := proc.ReadStat(os.Getpid()); err == nil {
-		r.rec.ControllerStart = st.Start
-	}
-	if err := cfg.Ledger.Create(&r.rec); err != nil {
+	r.rec.ControllerStart = Self().Start
+	if err := createLaunching(&r.cfg, &r.rec); err != nil {
 		h.close()
 		return nil, err
 	}
+	r.w = newWriter(cfg.Ledger, cfg.ID, cfg.GiveUp, cfg.Notice)
 	r.out.onWrite, r.errw.onWrite = r.progress, r.progress
 	r.reattaching.Store("")
 	r.lastRenew.Store(time.Now().UnixNano())
@@ -196,16 +203,16 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	return r, nil
 }
 
-// update changes the ledger record under the lock and writes it durably. A
-// write error is said (the run goes on; the previous record stands).
+// update changes the ledger record under the lock and writes it durably,
+// waiting for the write while the ledger answers. While it does not, the
+// write is queued and retried in order (see writer) and the run goes on.
 func (r *Run) update(change func(*ledger.Record)) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	change(&r.rec)
 	r.rec.StdoutBytes, r.rec.StderrBytes = r.out.n.Load(), r.errw.n.Load()
-	if err := r.cfg.Ledger.Update(&r.rec); err != nil {
-		r.cfg.Notice(fmt.Sprintf("run %s: cannot update the ledger: %v", r.cfg.ID, err))
-	}
+	n := r.w.enqueue(r.rec)
+	r.mu.Unlock()
+	r.w.wait(n)
 }
 
 func (r *Run) state() string {
@@ -266,9 +273,8 @@ func (r *Run) progress() {
 	}
 }
 
-// Follow drives the run to its end; see the package doc. It returns the
-// exit code for the controller: the run's, or 255 when unknown.
-func (r *Run) Follow(ctx context.Context) int {
+// follow is Follow's loop (owner.go has Follow).
+func (r *Run) follow(ctx context.Context) int {
 	defer r.h.close()
 	if code, refused := r.registerNested(); refused {
 		return code
