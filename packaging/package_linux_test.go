@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -256,6 +257,29 @@ func TestPackage(t *testing.T) {
 		cmd.Stdin = bytes.NewReader(page)
 		if out, err := cmd.CombinedOutput(); err != nil || len(out) != 0 {
 			t.Errorf("groff on the installed man page: %v\n%s", err, out)
+		}
+		// The copyright file: copyright-format 1.0, a stanza with its
+		// licence text for agent-wrap and for each module the binary links.
+		cr := string(mustRead(t, filepath.Join(root, "usr/share/doc/agent-wrap/copyright")))
+		mods, _, err := Linked("amd64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(cr, "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n") ||
+			!strings.Contains(cr, "\nFiles: *\n") || !strings.Contains(cr, "\nFiles: go/*\n") || len(mods) < 3 {
+			t.Errorf("copyright (modules %v):\n%s", mods, cr)
+		}
+		for _, m := range mods {
+			path := strings.Fields(m)[0]
+			i := strings.Index(cr, "\nFiles: "+path+"/*\n")
+			if i < 0 {
+				t.Errorf("copyright has no stanza for %s", path)
+				continue
+			}
+			stanza, _, _ := strings.Cut(cr[i+1:], "\n\n")
+			if !regexp.MustCompile(`\nLicense: (BSD-3-Clause|Apache-2.0|MIT)\n [^\n]+\n`).MatchString(stanza) {
+				t.Errorf("copyright stanza of %s has no licence with its text:\n%.400s", path, stanza)
+			}
 		}
 		// Installed, not enabled: no unit is linked into any .wants.
 		if _, err := os.Stat(filepath.Join(root, "etc/systemd")); !os.IsNotExist(err) {

@@ -283,34 +283,25 @@ func licenseID(o Options) string {
 
 // copyright writes the machine-readable Debian copyright file
 // (copyright-format 1.0): agent-wrap's own stanza, then one per Go module
-// the binary links, with the licence text found in that module (and Go's
-// own for the standard library), since all of them are in /usr/bin/agent-wrap.
+// the binary links (and one for Go's standard library and runtime), since
+// all of them are in /usr/bin/agent-wrap. Each stanza carries its licence
+// text whole: two BSD texts name different holders, so none is shared.
 func copyright(o Options) ([]byte, error) {
 	var b strings.Builder
 	b.WriteString("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n")
 	b.WriteString("Upstream-Name: agent-wrap\nSource: https://github.com/agent-wrap/agent-wrap\n")
-	var texts []string // License paragraphs, after the Files ones
-	seen := map[string]bool{}
-	addText := func(id, text string) {
-		if !seen[id] {
-			seen[id] = true
-			texts = append(texts, "License: "+id+"\n"+indent(text))
-		}
-	}
 
-	own := licenseID(o)
-	fmt.Fprintf(&b, "\nFiles: *\nCopyright: the agent-wrap authors\nLicense: %s\n", own)
-	if o.LicenseFile == "" {
-		addText(own, "The agent-wrap source tree this package was built from has no LICENSE\n"+
-			"file, so this package grants no licence for agent-wrap itself. The\n"+
-			"licences of the Go modules linked into /usr/bin/agent-wrap follow.")
-	} else {
+	own := "The agent-wrap source tree this package was built from has no LICENSE\n" +
+		"file, so this package grants no licence for agent-wrap itself. The\n" +
+		"licences of the Go modules linked into /usr/bin/agent-wrap follow."
+	if o.LicenseFile != "" {
 		t, err := os.ReadFile(o.LicenseFile)
 		if err != nil {
 			return nil, err
 		}
-		addText(own, string(t))
+		own = string(t)
 	}
+	fmt.Fprintf(&b, "\nFiles: *\nCopyright: the agent-wrap authors\nLicense: %s\n%s", licenseID(o), indent(own))
 
 	type mod struct{ path, version, dir string }
 	mods := []mod{{"the Go standard library and runtime", "", o.GoRoot}}
@@ -335,13 +326,9 @@ func copyright(o Options) ([]byte, error) {
 		}
 		files, comment := m.path+"/*", "Go module "+m.path+" "+m.version+", linked into /usr/bin/agent-wrap."
 		if m.version == "" {
-			files, comment = "go/*", "The Go standard library and runtime ("+m.dir+"), linked into /usr/bin/agent-wrap."
+			files, comment = "go/*", "The Go standard library and runtime, linked into /usr/bin/agent-wrap."
 		}
-		fmt.Fprintf(&b, "\nFiles: %s\nCopyright: %s\nComment: %s\nLicense: %s\n", files, holders, comment, id)
-		addText(id, text)
-	}
-	for _, t := range texts {
-		b.WriteString("\n" + t)
+		fmt.Fprintf(&b, "\nFiles: %s\nCopyright: %s\nComment: %s\nLicense: %s\n%s", files, holders, comment, id, indent(text))
 	}
 	return []byte(b.String()), nil
 }
