@@ -90,10 +90,11 @@ func buildPackages(t *testing.T) (es []Entry, deb, rpm string) {
 
 // TestPackage builds the .deb and the .rpm, reads both back with dpkg-deb
 // and rpm, installs the .deb with a real dpkg into a scratch root (its
-// maintainer scripts run there, chrooted, under a real /bin/sh), checks
-// every file and that nothing was enabled, verifies the installed units
-// with systemd-analyze, then removes and purges it and checks nothing of it
-// is left.
+// maintainer scripts run there, chrooted, under a real /bin/sh with a real
+// systemctl), checks every file and that nothing was enabled, verifies the
+// installed units with systemd-analyze, enables the watchdog as an
+// administrator would, then removes and purges the package and checks that
+// the watchdog was disabled and nothing of the package is left.
 func TestPackage(t *testing.T) {
 	need(t, "go", "dpkg", "dpkg-deb", "rpm", "systemd-analyze", "unshare", "groff")
 	es, deb, rpm := buildPackages(t)
@@ -288,7 +289,25 @@ func TestPackage(t *testing.T) {
 
 		verifyUnits(t, root)
 
+		// An administrator enables the watchdog, system and for every user,
+		// as the post-install message says (offline, on the files: no
+		// systemd runs here). Removing the package must undo both.
+		links := []string{"etc/systemd/system/multi-user.target.wants/" + deploy.ServiceUnit,
+			"etc/systemd/user/default.target.wants/" + deploy.ServiceUnit}
+		run(t, false, "systemctl", "--root="+root, "enable", deploy.ServiceUnit)
+		run(t, false, "systemctl", "--root="+root, "--global", "enable", deploy.ServiceUnit)
+		for _, l := range links {
+			if _, err := os.Lstat(filepath.Join(root, l)); err != nil {
+				t.Fatalf("systemctl enable made no %s: %v", l, err)
+			}
+		}
+
 		dpkg("-r", "agent-wrap")
+		for _, l := range links {
+			if _, err := os.Lstat(filepath.Join(root, l)); !os.IsNotExist(err) {
+				t.Errorf("%s is still there after dpkg -r: the pre-remove did not disable the unit (%v)", l, err)
+			}
+		}
 		for _, f := range debFiles {
 			if _, err := os.Lstat(filepath.Join(root, f)); !os.IsNotExist(err) {
 				t.Errorf("%s is still there after dpkg -r (%v)", f, err)
@@ -300,10 +319,10 @@ func TestPackage(t *testing.T) {
 			t.Errorf("dpkg -s after the purge: %v\n%s", err, out)
 		}
 		// Nothing of the package is left: the tree is what it was but for
-		// dpkg's own records.
+		// dpkg's own records and the directories systemctl enable made.
 		var left []string
 		for _, p := range tree(t, root) {
-			if !slices.Contains(before, p) && !strings.HasPrefix(p, "var/lib/dpkg/") {
+			if !slices.Contains(before, p) && !strings.HasPrefix(p, "var/lib/dpkg/") && !noFiles(filepath.Join(root, p)) {
 				left = append(left, p)
 			}
 		}
@@ -352,7 +371,8 @@ systemd-analyze verify "$@"
 
 // scratchRoot makes a root directory for dpkg --root: dpkg's database
 // (empty), and what the maintainer scripts need once dpkg has chrooted
-// into it: /bin/sh (the host's, with the libraries it loads) and /dev/null.
+// into it: /bin/sh and systemctl (the host's, with the libraries they
+// load) and /dev/null.
 func scratchRoot(t *testing.T) string {
 	t.Helper()
 	root := t.TempDir()
@@ -364,12 +384,29 @@ func scratchRoot(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sh, err := filepath.EvalSymlinks("/bin/sh")
+	systemctl, err := exec.LookPath("systemctl")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("systemctl: %v; hint: apt-get install systemd", err)
 	}
-	copyFile(t, sh, filepath.Join(root, "bin/sh"), 0o755)
-	f, err := elf.Open(sh)
+	for prog, dst := range map[string]string{"/bin/sh": "bin/sh", systemctl: "bin/systemctl"} {
+		real, err := filepath.EvalSymlinks(prog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copyFile(t, real, filepath.Join(root, dst), 0o755)
+		copyLibs(t, real, root)
+	}
+	if err := unix.Mknod(filepath.Join(root, "dev/null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatalf("mknod dev/null: %v", err)
+	}
+	return root
+}
+
+// copyLibs copies what the dynamic loader needs to run prog (its loader
+// and the libraries ldd resolves) to the same paths under root.
+func copyLibs(t *testing.T, prog, root string) {
+	t.Helper()
+	f, err := elf.Open(prog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,17 +418,12 @@ func scratchRoot(t *testing.T) string {
 			copyFile(t, interp, filepath.Join(root, interp), 0o755)
 		}
 	}
-	// The libraries: as the dynamic loader resolves them for this shell.
-	for _, l := range strings.Split(run(t, true, "ldd", sh), "\n") {
+	for _, l := range strings.Split(run(t, true, "ldd", prog), "\n") {
 		if i := strings.Index(l, "=> /"); i >= 0 {
 			lib := strings.Fields(l[i+3:])[0]
 			copyFile(t, lib, filepath.Join(root, lib), 0o755)
 		}
 	}
-	if err := unix.Mknod(filepath.Join(root, "dev/null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Fatalf("mknod dev/null: %v", err)
-	}
-	return root
 }
 
 func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
@@ -430,6 +462,18 @@ func tree(t *testing.T, root string) []string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// noFiles reports whether p is a directory with no files anywhere below it.
+func noFiles(p string) bool {
+	none := true
+	err := filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			none = false
+		}
+		return err
+	})
+	return err == nil && none
 }
 
 func sameSet(a, b []string) bool {

@@ -242,16 +242,20 @@ fi
 }
 
 // preremove stops and disables the watchdog on a removal (deb prerm
-// "remove", rpm %preun 0), not on an upgrade.
+// "remove", rpm %preun 0), not on an upgrade: the units stopped where
+// systemd runs, and their links, system and --global, removed in any case
+// (systemctl disable works on the files, in a chroot too). A user's own
+// `systemctl --user enable` lives in their home; it is theirs to undo.
 var preremove = `#!/bin/sh
 # agent-wrap pre-remove, written by make package.
 case "$1" in
 remove|0)
 	if command -v systemctl >/dev/null 2>&1; then
-		systemctl --global disable ` + deploy.ServiceUnit + ` ` + deploy.TimerUnit + ` >/dev/null 2>&1 || true
 		if [ -d /run/systemd/system ]; then
-			systemctl disable --now ` + deploy.ServiceUnit + ` ` + deploy.TimerUnit + ` ` + deploy.OnceServiceUnit + ` >/dev/null 2>&1 || true
+			systemctl stop ` + deploy.ServiceUnit + ` ` + deploy.TimerUnit + ` ` + deploy.OnceServiceUnit + ` >/dev/null 2>&1 || true
 		fi
+		systemctl disable ` + deploy.ServiceUnit + ` ` + deploy.TimerUnit + ` >/dev/null 2>&1 || true
+		systemctl --global disable ` + deploy.ServiceUnit + ` ` + deploy.TimerUnit + ` >/dev/null 2>&1 || true
 	fi
 	;;
 esac
