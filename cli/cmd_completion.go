@@ -227,7 +227,9 @@ _agent-wrap() {
 		fmt.Fprintf(w, "        %s\n", sq(d.name+":"+strings.ReplaceAll(d.summary, ":", `\:`)))
 	}
 	fmt.Fprint(w, `    )
-    _arguments -C \
+    # -A: the global flags end at the command word; a --root after it is
+    # the command's.
+    _arguments -C -A '-*' \
         '--root[run root]:DIR:_files -/' \
         '(- *)'{-h,--help}'[print the help]' \
         '(- *)--version[print the version]' \
