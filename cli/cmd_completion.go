@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -13,6 +14,11 @@ import (
 // completing, under the --root (or --ledger) already typed.
 
 func init() {
+	completionShells = map[string]func(io.Writer, []commandDoc){
+		"bash": writeBashCompletion,
+		"zsh":  writeZshCompletion,
+		"fish": writeFishCompletion,
+	}
 	register(&command{
 		name:     "completion",
 		summary:  "print a shell completion script for bash, zsh or fish",
@@ -31,12 +37,9 @@ the IDs 'agent-wrap list' shows (settle: the ledger's). Load it for this shell:
   agent-wrap completion fish | source
 A package installs all three where each shell looks for them.`
 
-// completionShells are the shells `completion` writes for, with their writers.
-var completionShells = map[string]func(io.Writer, []commandDoc){
-	"bash": writeBashCompletion,
-	"zsh":  writeZshCompletion,
-	"fish": writeFishCompletion,
-}
+// completionShells are the shells `completion` writes for, with their
+// writers (set in init: the writers list the shells themselves).
+var completionShells map[string]func(io.Writer, []commandDoc)
 
 func runCompletion(e *Env, args []string) int {
 	fs := e.flags("completion")
@@ -185,7 +188,14 @@ complete -o bashdefault -o default -F _agent_wrap agent-wrap
 }
 
 // shellNames returns the shells completion writes for, sorted.
-func shellNames() []string { return []string{"bash", "fish", "zsh"} }
+func shellNames() []string {
+	names := make([]string, 0, len(completionShells))
+	for n := range completionShells {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
 
 // zshDesc escapes s for an _arguments description: brackets and colons
 // are its syntax.
