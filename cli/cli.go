@@ -55,6 +55,9 @@ type Env struct {
 	// shortForm: the command line had no command name (agent-wrap RUN_ID
 	// CMD...), so run refuses a RUN_ID that looks like a mistyped command.
 	shortForm bool
+	// describe, when set, gets the FlagSet of the command whose help was
+	// asked for, instead of the help being printed (describe.go).
+	describe func(fs *pflag.FlagSet)
 }
 
 // command is one entry of the dispatch table. Its text fields are what
