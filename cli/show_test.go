@@ -3,9 +3,11 @@
 package cli_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -234,5 +236,71 @@ func TestShowBrokenChain(t *testing.T) {
 	}
 	if !strings.Contains(errOut, "broken at line 4") || !strings.Contains(errOut, "hint:") {
 		t.Errorf("stderr lacks the break and a hint:\n%s", errOut)
+	}
+}
+
+// openPTY opens a pseudo-terminal pair: the master to read, the slave to
+// give a process as its stdout.
+func openPTY(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return m, s
+}
+
+// Colour only on a terminal (a real pseudo-terminal here), and never with
+// NO_COLOR set.
+func TestShowColourOnTerminal(t *testing.T) {
+	t.Parallel()
+	root := runtest.NewRoot(t)
+	if code, _, errOut := runtest.Exec(t, root, "run", "--lease", "1s", "--grace", "1s", "c1", "--", "sleep", "30"); code != 124 {
+		t.Fatalf("run: exit %d: %s", code, errOut)
+	}
+	for _, tc := range []struct {
+		noColor string
+		colour  bool
+	}{{"", true}, {"1", false}} {
+		m, s := openPTY(t)
+		cmd := exec.Command(runtest.Binary(t), "--root", root, "show", "c1")
+		cmd.Env = append(os.Environ(), "NO_COLOR="+tc.noColor, "TERM=xterm")
+		cmd.Stdout = s
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("show on a terminal: %v", err)
+		}
+		s.Close()
+		var out bytes.Buffer
+		buf := make([]byte, 4096)
+		for {
+			n, err := m.Read(buf)
+			out.Write(buf[:n])
+			if err != nil { // EIO once the slave is closed and drained
+				break
+			}
+		}
+		got := out.String()
+		if !strings.Contains(got, "INTENT deadline expired") {
+			t.Fatalf("NO_COLOR=%q: no timeline read from the terminal:\n%q", tc.noColor, got)
+		}
+		if has := strings.Contains(got, "\x1b[1;31mINTENT deadline expired"); has != tc.colour {
+			t.Errorf("NO_COLOR=%q: coloured intent %v, want %v:\n%q", tc.noColor, has, tc.colour, got)
+		}
+		if !tc.colour && strings.Contains(got, "\x1b[") {
+			t.Errorf("NO_COLOR=%q: escape codes on the terminal:\n%q", tc.noColor, got)
+		}
 	}
 }

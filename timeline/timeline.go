@@ -484,7 +484,8 @@ func plural(n int, word string) string {
 	return fmt.Sprintf("%d %ss", n, word)
 }
 
-// sub draws the counts under one prefix: "sign 3, identities 1", most first.
+// sub draws the counts under one prefix, most first: "sign×3, identities"
+// (a count of one is the name alone).
 func sub(c map[string]int, prefix string) string {
 	type kv struct {
 		k string
@@ -504,7 +505,10 @@ func sub(c map[string]int, prefix string) string {
 	})
 	parts := make([]string, len(xs))
 	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%s %d", x.k, x.n)
+		parts[i] = x.k
+		if x.n > 1 {
+			parts[i] += fmt.Sprintf("×%d", x.n)
+		}
 	}
 	return strings.Join(parts, ", ")
 }
