@@ -14,14 +14,17 @@ func init() {
 	register(&command{
 		name:     "ledger",
 		summary:  "list the runs agent-wrap ssh started, unsettled first",
-		synopsis: "ledger [--json] [--ledger DIR]",
-		help:     "ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. See docs/controller.md.",
-		exits:    "0; 78 unsafe ledger",
+		synopsis: "ledger [--json] [--ledger DIR] | " + ledgerShowSynopsis,
+		help:     "ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. See docs/controller.md.\n\n" + ledgerShowHelp,
+		exits:    "0; 78 unsafe ledger; ledger show: 0 shown; 1 the host's journal broken; 66 no such run; 255 the host could not be asked",
 		run:      runLedger,
 	})
 }
 
 func runLedger(e *Env, args []string) int {
+	if len(args) > 0 && args[0] == "show" {
+		return runLedgerShow(e, args[1:])
+	}
 	fs := e.flags("ledger")
 	asJSON := fs.Bool("json", false, "one JSON object per line per run: the ledger record")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")

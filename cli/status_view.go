@@ -132,13 +132,6 @@ func ago(ts string, now time.Time) string {
 	return fmt.Sprintf("%s (%s ago)", ts, now.Sub(t).Truncate(time.Millisecond))
 }
 
-func secondsText(s float64) string {
-	if s == 0 {
-		return "0s"
-	}
-	return (time.Duration(s * float64(time.Second))).String()
-}
-
 func pidList(ms []reconcile.Member) string {
 	parts := make([]string, len(ms))
 	for i, m := range ms {
