@@ -51,6 +51,7 @@ func runSSH(e *Env, args []string) int {
 		fs.Lookup(name).DefValue = "" // the defaults are in the usage text
 	}
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
+	agent := fs.String("agent", "", "forward this controller's SSH agent to the job: `MODE` scoped (relayed only while the run is live and leased), inherit, or none (not forwarded); default: not passed, the host's run decides")
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
 	if code, ok := e.parse(fs, args); !ok {
@@ -82,6 +83,10 @@ func runSSH(e *Env, args []string) int {
 	if grace < 0 {
 		cfg.Grace = 0
 	}
+	if !controller.ValidAgent(*agent) {
+		return e.usageError("ssh: --agent %q: want scoped, inherit or none", *agent)
+	}
+	cfg.Agent, cfg.AgentSocket = *agent, e.Getenv("SSH_AUTH_SOCK")
 	if *id != "" {
 		if err := rundir.ValidID(*id); err != nil {
 			return e.usageError("ssh: --id: %v", err)

@@ -48,6 +48,13 @@ type Config struct {
 	// run, bounded by it (nested.go). "": not inside a run.
 	Control    string
 	OuterRunID string
+	// Agent is the host's run --agent (AgentScoped, AgentInherit,
+	// AgentNone), with the launch connection forwarding the controller's
+	// agent or not (agent.go); "": neither passed nor set.
+	Agent string
+	// AgentSocket is the controller's own agent (its SSH_AUTH_SOCK), the
+	// one the launch connection forwards; "": ssh's own choice.
+	AgentSocket string
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
@@ -321,7 +328,8 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	if l := r.nestedLaunchLease(); l != "" {
 		lease = l
 	}
-	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String(), r.cfg.ID, "--"}, r.argv...)
+	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String()}, r.agentFlags()...)
+	words = append(append(words, r.cfg.ID, "--"), r.argv...)
 	// --from before the ID: an agent-wrap too old to know attach reads
 	// this as the short form of run with an unknown flag, a usage error
 	// (64) found before any claim, rather than run a job named RUN_ID.
@@ -339,7 +347,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
 	errw := r.newLaunchStderr()
-	res := r.h.call(ctx, line, pw, errw)
+	res := r.launchHost().call(ctx, line, pw, errw)
 	pw.Close()
 	<-done
 	res.early = errw.end()

@@ -116,12 +116,31 @@ type Server struct {
 	pid     int
 	start   uint64        // sshd's start time, clock ticks since boot
 	done    chan struct{} // closed once cmd.Wait has returned
+	// agentForwarding: sshd lets a client forward its agent
+	// (AllowAgentForwarding); off unless AllowAgentForwarding is given.
+	agentForwarding bool
+}
+
+// Option changes what Start configures.
+type Option func(*Server)
+
+// AllowAgentForwarding lets clients forward their SSH agent (ssh -A, or
+// -o ForwardAgent=...): sshd then gives the session an SSH_AUTH_SOCK of its
+// own, which lives as long as the connection. The client's own agent is
+// still never used to log in (IdentityAgent=none).
+func AllowAgentForwarding() Option { return func(s *Server) { s.agentForwarding = true } }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 // Start starts an sshd for this test and returns once a login works. See the
 // package doc for what it guarantees. It calls t.Skip or t.Fatal (see above)
 // when OpenSSH is not installed.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	if err := checkTools(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -146,6 +165,9 @@ func Start(t testing.TB) *Server {
 		key:     filepath.Join(dir, "id_ed25519"),
 		user:    u.Username,
 		logPath: filepath.Join(dir, "sshd.log"),
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	hostKey := filepath.Join(dir, "ssh_host_ed25519_key")
 	keygen(t, hostKey, "sshtest-host")
@@ -246,7 +268,7 @@ func (s *Server) config(hostKey, authKeys string) string {
 		"SetEnv SHLVL=1",
 		"X11Forwarding no",
 		"AllowTcpForwarding no",
-		"AllowAgentForwarding no",
+		"AllowAgentForwarding " + yesNo(s.agentForwarding),
 		"PrintMotd no",
 		"PrintLastLog no",
 		"UseDNS no",
