@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/agent-wrap/agent-wrap/internal/agenttest"
@@ -122,4 +123,59 @@ func TestSSHAgentForwarded(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.ledger, "bad.json")); err == nil {
 		t.Errorf("--agent forward wrote a ledger record")
 	}
+}
+
+// What --agent cannot do, seen: the relay reaches the agent through the
+// socket sshd made for the launch connection, so once that connection is
+// lost (its ssh client SIGKILLed) and the controller has reattached, the
+// job's agent requests fail, and the run goes on to its own end.
+func TestSSHAgentLostWithLaunchConnection(t *testing.T) {
+	t.Parallel()
+	a := agenttest.Start(t)
+	h := &harness{t: t, srv: sshtest.Start(t, sshtest.AllowAgentForwarding()), root: t.TempDir()}
+	t.Cleanup(h.killRuns)
+	dir := t.TempDir()
+	c := &ctlHarness{harness: h, rl: relay.Start(t, h.srv.Host()+":"+strconv.Itoa(h.srv.Port())),
+		ledger: filepath.Join(dir, "ledger"), events: filepath.Join(dir, "events.jsonl")}
+	rsh := strings.Replace(c.rsh(), "IdentityAgent=none", "IdentityAgent="+a.Sock, 1)
+	gate := filepath.Join(dir, "go")
+	job := []string{"sh", "-c", `ssh-add -l >/dev/null; echo "before=$?"; while [ ! -e "$1" ]; do sleep 0.1; done; ssh-add -l >/dev/null 2>&1; echo "after=$?"`, "sh", gate}
+	args := []string{"ssh", "--rsh", rsh, "--remote-bin", bin, "--remote-root", c.root, "--ledger", c.ledger,
+		"--events", c.events, "--id", "lost", "--agent", "scoped", c.srv.Destination(), "--"}
+	k := &ctl{done: make(chan struct{})}
+	k.cmd = exec.Command(bin, append(args, job...)...)
+	k.cmd.Env = append(os.Environ(), "SSH_AUTH_SOCK="+a.Sock)
+	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
+	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
+	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := k.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { k.err = k.cmd.Wait(); close(k.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-k.done:
+		default:
+			_ = k.cmd.Process.Kill()
+			<-k.done
+		}
+	})
+	eventually(t, "the job's first request", func() bool { return strings.Contains(k.stdout(), "before=") })
+	if !strings.Contains(k.stdout(), "before=0\n") {
+		t.Fatalf("the agent did not answer while the launch connection lived: %q", k.stdout())
+	}
+	var pid int
+	eventually(t, "the launch connection's client", func() bool { pid = k.attachClient(); return pid > 0 })
+	syscall.Kill(pid, syscall.SIGKILL)
+	c.waitEvent("lost", "attached", 0)
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := k.wait(t); code != 0 {
+		t.Fatalf("exit %d, want the run's 0\nstderr: %s", code, k.stderr())
+	}
+	if out := k.stdout(); !strings.Contains(out, "after=") || strings.Contains(out, "after=0\n") {
+		t.Errorf("after the reattach the job's agent request did not fail: %q", out)
+	}
+	c.wantSettled("lost", "completed", "", 0)
 }
