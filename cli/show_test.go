@@ -74,6 +74,20 @@ func TestShowAgainstJournal(t *testing.T) {
 	killWrapper(t, c3, rec3)
 	t.Cleanup(func() { _ = unix.Kill(-rec3.PGID, unix.SIGKILL) })
 
+	// lost, then stopped by the watchdog once its lease (cut to 1s) passed
+	c4, r4 := startRun(t, root, "wd", "--grace", "1s", "wd", "--", "sleep", "300")
+	cleanupRun(t, r4)
+	rec4 := r4.WaitState(t, statusfile.Running)
+	killWrapper(t, c4, rec4)
+	if code, _, errOut := runtest.Exec(t, root, "renew", "--lease", "1s", "wd"); code != 0 {
+		t.Fatalf("renew --lease 1s wd: exit %d: %s", code, errOut)
+	}
+	runtest.Eventually(t, "the watchdog to stop wd", func() bool {
+		runtest.Exec(t, root, "watchdog", "--once")
+		rec := r4.Status()
+		return rec != nil && statusfile.Terminal(rec.State)
+	})
+
 	for _, tc := range []struct {
 		id   string
 		runs []runtest.Run
@@ -96,6 +110,12 @@ func TestShowAgainstJournal(t *testing.T) {
 			`^run lease: cancelled \(lease\), exit 124; reconcile: cancelled$`,
 			`^ +3-6 +\d+-\d+ +renew lease renewed 4 times, deadline .* \(lease 1s\)$`,
 			`wrapper INTENT deadline expired: cause lease$`,
+		}},
+		{"wd", nil, []string{
+			`^run wd: cancelled \(lease\), exit 124; reconcile: cancelled$`,
+			` watchdog INTENT deadline expired: cause lease$`,
+			` watchdog signal TERM to `,
+			` watchdog final: cancelled \(lease\), exit 124`,
 		}},
 		{"lost", nil, []string{
 			`^run lost: lost; reconcile: running \(supervisor lost\)$`,

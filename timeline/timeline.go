@@ -56,7 +56,7 @@ type Item struct {
 	Event   string    `json:"event"`
 	Kind    string    `json:"kind"`
 	Text    string    `json:"text"`
-	// Fields are the journal line's own fields (single lines only).
+	// Fields are the journal line's own fields, when the item is one line.
 	Fields map[string]any `json:"fields,omitempty"`
 	// Counts, for a summary of actions: lines per decision and per
 	// request or status, e.g. {"accepted": 3, "refused": 1, "sign": 2}.
@@ -168,12 +168,15 @@ func group(lines []line, v Verify) []Item {
 		key := l.Event + "\x00" + ch
 		i, ok := open[key]
 		if !ok {
-			out = append(out, Item{Seq: l.Seq, At: l.At, MS: since(l), Event: l.Event, Actor: actor(l.Entry), Counts: map[string]int{}})
+			out = append(out, Item{Seq: l.Seq, At: l.At, MS: since(l), Event: l.Event, Actor: actor(l.Entry), Counts: map[string]int{}, Fields: l.Fields})
 			i = len(out) - 1
 			open[key] = i
 		}
 		it := &out[i]
 		it.Count++
+		if it.Count > 1 {
+			it.Fields = nil // a summary's lines are counted, not listed
+		}
 		it.LastSeq, it.LastMS = l.Seq, since(l)
 		it.Untrusted = it.Untrusted || untrusted
 		count(it, l)
