@@ -14,9 +14,9 @@ func init() {
 	register(&command{
 		name:     "ledger",
 		summary:  "list the runs agent-wrap ssh started, unsettled first",
-		synopsis: "ledger [--json] [--ledger DIR] | " + ledgerShowSynopsis,
-		help:     "ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. See docs/controller.md.\n\n" + ledgerShowHelp,
-		exits:    "0; 78 unsafe ledger; ledger show: 0 shown; 1 the host's journal broken; 66 no such run; 255 the host could not be asked",
+		synopsis: "ledger [--json] [--ledger DIR]\n       agent-wrap [--root DIR] " + ledgerShowSynopsis,
+		help:     "ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. 'agent-wrap ledger show RUN_ID'\nshows one of them with its host's timeline. See docs/controller.md.",
+		exits:    "0; 78 unsafe ledger",
 		run:      runLedger,
 	})
 }

@@ -8,6 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -16,7 +18,12 @@ import (
 
 // `ledger show` is the controller's view of one run: its ledger record,
 // then the host's timeline of it, asked for over the run's own rsh (one
-// read-only call, `show --json`). It writes nothing.
+// read-only call, `show --json`). It writes nothing. It is a word of
+// `ledger` (whose synopsis names it), not an entry of the command table,
+// so it prints its own --help, in the table's format.
+
+// ledgerShowExits are ledger show's exit codes, as its --help gives them.
+const ledgerShowExits = "0 shown; 1 the host's journal is broken or a file of the run unreadable there; 66 no such run in the ledger; 255 the host could not be asked; 64 usage; 78 unsafe ledger"
 
 const ledgerShowSynopsis = "ledger show [--json] [--local] [--timeout D] [--ledger DIR] RUN_ID"
 
@@ -26,9 +33,7 @@ then asks its host, over the run's own --rsh, destination, remote binary
 and root, for the run's timeline ('agent-wrap show --json' there) and draws
 it as 'show' does. --local leaves the host out; --json prints one object:
 "ledger" (the record), "host" (the host's show, or null) and "host_error".
-Exit: 0 shown (the host's journal intact); 1 the host's journal is broken
-or a file of the run unreadable there; 66 no such run in the ledger; 255
-the host could not be asked (the ledger's part is printed).`
+When the host cannot be asked, the ledger's part is still printed.`
 
 // ledgerShowDoc is what `ledger show --json` prints.
 type ledgerShowDoc struct {
@@ -41,12 +46,20 @@ func runLedgerShow(e *Env, args []string) int {
 	fs := e.flags("ledger show")
 	asJSON := fs.Bool("json", false, "print the record and the host's timeline as one JSON object")
 	local := fs.Bool("local", false, "the ledger's record only: do not ask the host")
-	timeout := fs.Duration("timeout", time.Minute, "how long the call to the host may take")
+	timeout := durationValue(time.Minute)
+	fs.Var(&timeout, "timeout", "how long the call to the host may take, `D`")
 	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")
 	fs.SetInterspersed(true)
 	_ = fs.MarkHidden("root")
-	if code, ok := e.parse(fs, args); !ok {
-		return code
+	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
+		fmt.Fprintf(e.Stdout, "usage: agent-wrap %s\n\n%s\n\n%s\n\nflags:\n", ledgerShowSynopsis, "one run as the ledger holds it, then its host's timeline of it", ledgerShowHelp)
+		printFlags(e.Stdout, fs)
+		fmt.Fprintf(e.Stdout, "\nexit: %s\n", ledgerShowExits)
+		return ExitOK
+	} else if err != nil {
+		e.errorf("ledger show: %v", err)
+		e.hint("see 'agent-wrap ledger show --help'")
+		return ExitUsage
 	}
 	if fs.NArg() != 1 {
 		return e.usageError("ledger show takes one RUN_ID")
@@ -77,7 +90,7 @@ func runLedgerShow(e *Env, args []string) int {
 	doc := ledgerShowDoc{Ledger: rec}
 	code = ExitOK
 	if !*local {
-		s, hcode, err := controller.HostShow(e.Ctx, rec, l.Path, *timeout)
+		s, hcode, err := controller.HostShow(e.Ctx, rec, l.Path, time.Duration(timeout))
 		doc.Host = s
 		switch {
 		case err == nil && hcode != 0:
