@@ -69,8 +69,10 @@ func runShow(e *Env, args []string) int {
 	switch {
 	case s.JournalError != "":
 		e.errorf("run %s: %s: %s", d.ID, rundir.EventsFile, s.JournalError)
+		e.hint("without the journal, 'agent-wrap reconcile %s' judges the run from its record and the processes", d.ID)
 	case !s.Verify.Intact && s.Verify.BadLine == 0:
 		e.errorf("run %s: %s: %s", d.ID, rundir.EventsFile, s.Verify.Reason)
+		e.hint("without the journal, 'agent-wrap reconcile %s' judges the run from its record and the processes", d.ID)
 	case !s.Verify.Intact:
 		e.errorf("run %s: %s: broken at line %d: %s", d.ID, rundir.EventsFile, s.Verify.BadLine, s.Verify.Reason)
 		e.hint("the lines before %d are verified; 'agent-wrap verify %s' checks the chain alone", s.Verify.UntrustedFrom, d.ID)

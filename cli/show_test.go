@@ -35,7 +35,7 @@ func TestShowAgainstJournal(t *testing.T) {
 	}
 
 	// cancelled, with a descendant that left the group
-	c1, r1 := startRun(t, root, "esc", "--grace", "1s", "esc", "--", "sh", "-c", "setsid sleep 300 & echo $! > escpid; wait")
+	c1, r1 := startRun(t, root, "esc", "--grace", "1s", "esc", "--", "sh", "-c", "setsid sleep 300 & wait")
 	cleanupRun(t, r1)
 	r1.WaitState(t, statusfile.Running)
 	runtest.Eventually(t, "the escape to be journaled", func() bool {
