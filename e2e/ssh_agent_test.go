@@ -27,7 +27,7 @@ import (
 func TestSSHAgentForwarded(t *testing.T) {
 	t.Parallel()
 	a := agenttest.Start(t)
-	h := &harness{t: t, srv: sshtest.Start(t, sshtest.AllowAgentForwarding()), root: t.TempDir()}
+	h := &harness{t: t, srv: sshtest.Start(t, sshtest.AllowAgentForwarding), root: t.TempDir()}
 	t.Cleanup(h.killRuns)
 	c := &ctlHarness{harness: h, rl: relay.Start(t, h.srv.Host()+":"+strconv.Itoa(h.srv.Port())),
 		ledger: filepath.Join(t.TempDir(), "ledger")}
@@ -132,7 +132,7 @@ func TestSSHAgentForwarded(t *testing.T) {
 func TestSSHAgentLostWithLaunchConnection(t *testing.T) {
 	t.Parallel()
 	a := agenttest.Start(t)
-	h := &harness{t: t, srv: sshtest.Start(t, sshtest.AllowAgentForwarding()), root: t.TempDir()}
+	h := &harness{t: t, srv: sshtest.Start(t, sshtest.AllowAgentForwarding), root: t.TempDir()}
 	t.Cleanup(h.killRuns)
 	dir := t.TempDir()
 	c := &ctlHarness{harness: h, rl: relay.Start(t, h.srv.Host()+":"+strconv.Itoa(h.srv.Port())),

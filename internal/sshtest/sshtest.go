@@ -116,19 +116,20 @@ type Server struct {
 	pid     int
 	start   uint64        // sshd's start time, clock ticks since boot
 	done    chan struct{} // closed once cmd.Wait has returned
-	// agentForwarding: sshd lets a client forward its agent
-	// (AllowAgentForwarding); off unless AllowAgentForwarding is given.
-	agentForwarding bool
+
+	agentForwarding bool // see AllowAgentForwarding
 }
 
-// Option changes what Start configures.
+// Option changes the server Start starts.
 type Option func(*Server)
 
 // AllowAgentForwarding lets clients forward their SSH agent (ssh -A, or
 // -o ForwardAgent=...): sshd then gives the session an SSH_AUTH_SOCK of its
-// own, which lives as long as the connection. The client's own agent is
-// still never used to log in (IdentityAgent=none).
-func AllowAgentForwarding() Option { return func(s *Server) { s.agentForwarding = true } }
+// own, which lives as long as the connection. Without it sshd refuses
+// (AllowAgentForwarding no). OpenSSH's client forwards nothing while
+// IdentityAgent is none, as SSHArgs sets it: a test that forwards names
+// its agent there.
+func AllowAgentForwarding(s *Server) { s.agentForwarding = true }
 
 func yesNo(b bool) string {
 	if b {
