@@ -93,6 +93,7 @@ demo: build
 	$(BIN) --root "$$root" $$id -- sh -c 'echo hello from $$$$; sleep 1 & echo child started; wait; echo done'; \
 	echo "exit: $$?"; \
 	$(BIN) --root "$$root" status $$id; \
+	$(BIN) --root "$$root" show $$id; \
 	$(BIN) --root "$$root" verify $$id
 
 # Measure agent-wrap against bare baselines, interleaved in one run, and write

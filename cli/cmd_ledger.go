@@ -14,7 +14,7 @@ func init() {
 	register(&command{
 		name:     "ledger",
 		summary:  "list the runs agent-wrap ssh started, unsettled first",
-		synopsis: "ledger [--json] [--controller HOST[:PID]] [--dead] [--ledger DIR|URL] | ledger init [--ledger DIR|URL]",
+		synopsis: "ledger [--json] [--controller HOST[:PID]] [--dead] [--ledger DIR|URL] | ledger init [--ledger DIR|URL]\n       agent-wrap [--root DIR] " + ledgerShowSynopsis,
 		help:     ledgerHelp,
 		exits:    "0; 64 bad ledger URL; 69 the database cannot be reached; 77 the database refused access; 78 unsafe ledger, no ledger in the database (run 'ledger init') or a newer schema",
 		run:      runLedger,
@@ -29,10 +29,16 @@ give-up time, elsewhere).
 
 'ledger init' makes the ledger: for a postgres:// URL it creates the schema
 in the database (or migrates an older one), refusing a newer one; for a
-directory it makes the directory. See docs/controller.md.
+directory it makes the directory.
+
+'ledger show RUN_ID' shows one of them with its host's timeline. See
+docs/controller.md.
 `
 
 func runLedger(e *Env, args []string) int {
+	if len(args) > 0 && args[0] == "show" {
+		return runLedgerShow(e, args[1:])
+	}
 	fs := e.flags("ledger")
 	asJSON := fs.Bool("json", false, "one JSON object per line per run: the ledger record")
 	ctl := fs.String("controller", "", "only the runs of controller `HOST[:PID]`")

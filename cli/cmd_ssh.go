@@ -57,6 +57,7 @@ func runSSH(e *Env, args []string) int {
 	var hf httpgw.Flags
 	addHTTPFlags(fs, &hf)     // read here, sent over the launch's stdin (ssh_http.go)
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
+	agent := fs.String("agent", "", "forward this controller's SSH agent to the job: `MODE` scoped (relayed only while the run is live and leased), inherit, or none (not forwarded); default: not passed, the host's run decides")
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	if code, ok := e.parse(fs, args); !ok {
@@ -88,6 +89,10 @@ func runSSH(e *Env, args []string) int {
 	if grace < 0 {
 		cfg.Grace = 0
 	}
+	if !controller.ValidAgent(*agent) {
+		return e.usageError("ssh: --agent %q: want scoped, inherit or none", *agent)
+	}
+	cfg.Agent, cfg.AgentSocket = *agent, e.Getenv("SSH_AUTH_SOCK")
 	if *id != "" {
 		if err := rundir.ValidID(*id); err != nil {
 			return e.usageError("ssh: --id: %v", err)

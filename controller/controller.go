@@ -56,6 +56,13 @@ type Config struct {
 	// secrets and CA files read here); the launch sends them to the host
 	// over its stdin (http.go). nil: none.
 	HTTP []*httpgw.Spec
+	// Agent is the host's run --agent (AgentScoped, AgentInherit,
+	// AgentNone), with the launch connection forwarding the controller's
+	// agent or not (agent.go); "": neither passed nor set.
+	Agent string
+	// AgentSocket is the controller's own agent (its SSH_AUTH_SOCK), the
+	// one the launch connection forwards; "": ssh's own choice.
+	AgentSocket string
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
@@ -337,7 +344,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	if l := r.nestedLaunchLease(); l != "" {
 		lease = l
 	}
-	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String()}, r.gw.args...)
+	words := append(append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String()}, r.agentFlags()...), r.gw.args...)
 	words = append(append(words, r.cfg.ID, "--"), r.argv...)
 	// --from before the ID: an agent-wrap too old to know attach reads
 	// this as the short form of run with an unknown flag, a usage error
@@ -357,7 +364,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	defer cancel()
 	errw := r.newLaunchStderr()
 	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
-	res := r.h.call(withStdin(ctx, stdin), line, pw, errw)
+	res := r.launchHost().call(withStdin(ctx, stdin), line, pw, errw)
 	forget()
 	pw.Close()
 	<-done
