@@ -150,6 +150,7 @@ func (r *runner) report(command string, started time.Time) string {
 	b.WriteString("\n## How each figure is measured\n\n")
 	b.WriteString(methods)
 	b.WriteString(floorMethods)
+	b.WriteString(scaleMethods)
 	b.WriteString("\n## Samples\n\n")
 	for _, d := range r.details {
 		fmt.Fprintf(&b, "- %s\n", d)
