@@ -255,7 +255,7 @@ func (r *runner) stopRun(root, id string, w *started) {
 		_ = w.wait()
 	}
 	if rec, err := readRecord(root, id); err == nil && rec.PGID > 1 {
-		if n := killGroupMembers(rec.PGID, rec.LeaderStart); n > 0 {
+		if n := killGroupMembers(rec.PGID, rec.LeaderStart, rec.LeaderStart); n > 0 {
 			r.logf("run %s: KILLed %d leftover members of group %d", id, n, rec.PGID)
 		}
 	}
@@ -275,7 +275,11 @@ func (r *runner) tiniCancelOnce() (float64, error) {
 		return 0, fmt.Errorf("tini never had its tree: %w", err)
 	}
 	pgid, minStart := ds[0].PGID, ds[0].Start
-	r.onCleanup(func() { killGroupMembers(pgid, minStart) })
+	leader, err := proc.ReadStat(pgid) // tini itself, the leader of its group
+	if err != nil {
+		return 0, fmt.Errorf("tini's group leader: %w", err)
+	}
+	r.onCleanup(func() { killGroupMembers(pgid, leader.Start, minStart) })
 	t0 := time.Now()
 	if err := t.pfd.Signal(unix.SIGTERM); err != nil {
 		return 0, err

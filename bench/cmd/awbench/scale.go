@@ -313,6 +313,8 @@ func checkListed(path string, n int) error {
 // confirmAll checks every run's final record (cancelled, exit 143, no
 // survivors) and that /proc holds no live process of any run's group.
 func confirmAll(root string, ids []string, live []*statusfile.Record) error {
+	// A group's number is recycled once its last process is gone; a new
+	// group under it is not the run's (see killGroupMembers).
 	groups := map[int]uint64{}
 	var errs []error
 	for i, id := range ids {
@@ -330,8 +332,12 @@ func confirmAll(root string, ids []string, live []*statusfile.Record) error {
 	if err != nil {
 		return err
 	}
+	recycled := map[int]bool{}
+	for pgid, start := range groups {
+		recycled[pgid] = groupRecycled(all, pgid, start)
+	}
 	for _, p := range all {
-		if start, ok := groups[p.PGID]; ok && !p.Dead() && p.Start >= start {
+		if start, ok := groups[p.PGID]; ok && !recycled[p.PGID] && !p.Dead() && p.Start >= start {
 			errs = append(errs, fmt.Errorf("process %d (%s) of group %d outlived its run's cancel", p.PID, p.Comm, p.PGID))
 		}
 	}
