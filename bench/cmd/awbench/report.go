@@ -159,6 +159,7 @@ func (r *runner) report(command string, started time.Time) string {
 		b.WriteString("\n" + findings)
 	}
 	b.WriteString("\n" + floorFindings)
+	b.WriteString("\n" + hostFindings)
 	return b.String()
 }
 
@@ -211,3 +212,9 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
 //
 //go:embed findings.md
 var findings string
+
+// hostFindings is the hand-written analysis of a host with many runs
+// (host.md): memory, authorize, list and watchdog, the scale figure.
+//
+//go:embed host.md
+var hostFindings string
