@@ -97,8 +97,8 @@ type Member func(rec *statusfile.Record, pid int, start uint64) bool
 type Gate struct {
 	// Dir is the run's directory.
 	Dir *rundir.Dir
-	// Member judges the caller: InRun for a gateway outside the wrapper,
-	// the wrapper's own view inside it.
+	// Member judges the caller: membership.Found.Holds for a gateway
+	// outside the wrapper (authorize), the wrapper's own view inside it.
 	Member Member
 	// Append journals an event; nil appends through a descriptor opened
 	// for the line (journal.Append). The wrapper passes its own journal.
