@@ -33,7 +33,17 @@ func TestScaleStartThenCancelAll(t *testing.T) {
 	wrappers := make([]*runtest.Cmd, scaleRuns)
 	for i := range runs {
 		id := fmt.Sprintf("sc-%02d", i)
-		wrappers[i], runs[i] = startRun(t, root, id, "--no-stream", "--lease", "5m", id, "--", "sleep", "300")
+		r := runtest.Run{Root: root, ID: id}
+		// Cleanup kills what is left of a run that did not end confirmed.
+		// A confirmed one (terminal, no survivors) has nothing left: by
+		// then its group number may be another program's.
+		t.Cleanup(func() {
+			if rec := r.Status(); rec == nil || !statusfile.Terminal(rec.State) || len(rec.Survivors) > 0 {
+				r.Kill()
+			}
+		})
+		runs[i] = r
+		wrappers[i] = runtest.Start(t, root, "run", "--no-stream", "--lease", "5m", id, "--", "sleep", "300")
 	}
 	recs := make([]*statusfile.Record, scaleRuns)
 	for i, r := range runs {

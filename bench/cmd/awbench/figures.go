@@ -254,7 +254,14 @@ func (r *runner) stopRun(root, id string, w *started) {
 		}
 		_ = w.wait()
 	}
-	if rec, err := readRecord(root, id); err == nil && rec.PGID > 1 {
+	rec, err := readRecord(root, id)
+	if err == nil && w.done && statusfile.Terminal(rec.State) && rec.Survivors != nil && len(rec.Survivors) == 0 {
+		// The wrapper, reaped, recorded that nothing of the run survived:
+		// nothing is left, and by now its group number may be another
+		// program's.
+		return
+	}
+	if err == nil && rec.PGID > 1 {
 		if n := killGroupMembers(rec.PGID, rec.LeaderStart, rec.LeaderStart); n > 0 {
 			r.logf("run %s: KILLed %d leftover members of group %d", id, n, rec.PGID)
 		}
@@ -279,7 +286,12 @@ func (r *runner) tiniCancelOnce() (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("tini's group leader: %w", err)
 	}
-	r.onCleanup(func() { killGroupMembers(pgid, leader.Start, minStart) })
+	confirmed := false // tini exited 143: its tree is gone, nothing to clean up
+	r.onCleanup(func() {
+		if !confirmed {
+			killGroupMembers(pgid, leader.Start, minStart)
+		}
+	})
 	t0 := time.Now()
 	if err := t.pfd.Signal(unix.SIGTERM); err != nil {
 		return 0, err
@@ -294,6 +306,7 @@ func (r *runner) tiniCancelOnce() (float64, error) {
 	if t.code() != 143 {
 		return 0, fmt.Errorf("tini exited %d, want 143", t.code())
 	}
+	confirmed = true
 	return end.Sub(t0).Seconds(), nil
 }
 
