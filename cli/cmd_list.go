@@ -55,14 +55,6 @@ type listRow struct {
 	RecordState   string `json:"record_state"` // the record's own state; "" when unreadable
 }
 
-// stateUnreadable is list's STATE for a run without a readable record.
-const stateUnreadable = "unreadable"
-
-// stateLost is list's STATE for a run whose record is not terminal while
-// its wrapper is gone (reconcile's supervisor "lost"): the record's state
-// is then a claim nobody keeps, and is shown as record_state only.
-const stateLost = "lost"
-
 func runList(e *Env, args []string) int {
 	fs := e.flags("list")
 	asJSON := fs.Bool("json", false, "one JSON object per line per run")
@@ -136,11 +128,7 @@ func listRowFor(root *rundir.Root, id string) listRow {
 	rec := in.Record
 	row.State, row.Cause, row.PID, row.CreatedAt, row.ExitCode = rec.State, rec.Cause, rec.PID, rec.CreatedAt, rec.ExitCode
 	row.RecordState = rec.State
-	if v.Supervisor == reconcile.SupervisorLost {
-		// The record is not terminal but nothing supervises the run: it is
-		// not "running" (nor "cancelling"), whatever the record still says.
-		row.State = stateLost
-	}
+	row.State = judgedState(in, v)
 	return row
 }
 

@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
 // Quote returns words as one POSIX shell line in which each word arrives
@@ -225,14 +223,16 @@ type host struct {
 }
 
 // newHost checks rsh and prepares the calls' options and log directory:
-// a directory in the ledger beside the run's record (sshLogPrefix), so
-// that what a killed controller leaves is found and removed when the run
-// is settled (removeSSHLogs), never left in /tmp. close removes it.
-func newHost(rsh []string, dest, bin, root string, l *ledger.Ledger, id string) (*host, error) {
+// a directory in logDir named for the run (sshLogPrefix; agent-wrap ssh
+// uses the ledger's own directory for a files ledger, a local state
+// directory for PostgreSQL), so that what a killed controller leaves is
+// found and removed when the run is settled (removeSSHLogs), never left in
+// /tmp. close removes it.
+func newHost(rsh []string, dest, bin, root, logDir, id string) (*host, error) {
 	if len(rsh) == 0 {
 		return nil, errors.New("empty --rsh")
 	}
-	dir, err := os.MkdirTemp(l.Path, sshLogPrefix(id))
+	dir, err := os.MkdirTemp(logDir, sshLogPrefix(id))
 	if err != nil {
 		return nil, err
 	}
@@ -259,10 +259,13 @@ func (h *host) close() { os.RemoveAll(h.tmpdir) }
 // (which reads RUN_ID.json only); run IDs hold no glob characters.
 func sshLogPrefix(id string) string { return ".ssh-" + id + "-" }
 
-// removeSSHLogs removes every ssh log directory of run id from the ledger:
+// removeSSHLogs removes every ssh log directory of run id from logDir:
 // those of a controller that was killed before it could remove its own.
-func removeSSHLogs(l *ledger.Ledger, id string) {
-	dirs, _ := filepath.Glob(filepath.Join(l.Path, sshLogPrefix(id)+"*"))
+func removeSSHLogs(logDir, id string) {
+	if logDir == "" {
+		return
+	}
+	dirs, _ := filepath.Glob(filepath.Join(logDir, sshLogPrefix(id)+"*"))
 	for _, d := range dirs {
 		os.RemoveAll(d)
 	}
@@ -317,6 +320,7 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	args = append(args, h.dest, line)
 	cmd := exec.Command(h.rsh[0], args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.Stdin = stdinOf(ctx) // nil: /dev/null; the launch's gateway secrets (http.go)
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client
 	// behind to launch or act later, behind the back of a settle

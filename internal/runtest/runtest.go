@@ -332,10 +332,20 @@ func (b *Buffer) Len() int {
 // registers cleanup that kills it by PID.
 func Start(t testing.TB, root string, args ...string) *Cmd {
 	t.Helper()
+	return StartWith(t, root, nil, args...)
+}
+
+// StartWith is Start with setup applied to the command before it starts
+// (to add to its environment, give it a stdin, run it as another user).
+func StartWith(t testing.TB, root string, setup func(*exec.Cmd), args ...string) *Cmd {
+	t.Helper()
 	c := &Cmd{Cmd: exec.Command(Binary(t), args...), done: make(chan struct{})}
 	c.Env = append(os.Environ(), "AGENT_WRAP_ROOT="+root)
 	c.Cmd.Stdout, c.Cmd.Stderr = &c.Stdout, &c.Stderr
 	c.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
+	if setup != nil {
+		setup(c.Cmd)
+	}
 	if err := c.Cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

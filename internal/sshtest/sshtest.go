@@ -116,12 +116,32 @@ type Server struct {
 	pid     int
 	start   uint64        // sshd's start time, clock ticks since boot
 	done    chan struct{} // closed once cmd.Wait has returned
+
+	agentForwarding bool // see AllowAgentForwarding
+}
+
+// Option changes the server Start starts.
+type Option func(*Server)
+
+// AllowAgentForwarding lets clients forward their SSH agent (ssh -A, or
+// -o ForwardAgent=...): sshd then gives the session an SSH_AUTH_SOCK of its
+// own, which lives as long as the connection. Without it sshd refuses
+// (AllowAgentForwarding no). OpenSSH's client forwards nothing while
+// IdentityAgent is none, as SSHArgs sets it: a test that forwards names
+// its agent there.
+func AllowAgentForwarding(s *Server) { s.agentForwarding = true }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 // Start starts an sshd for this test and returns once a login works. See the
 // package doc for what it guarantees. It calls t.Skip or t.Fatal (see above)
 // when OpenSSH is not installed.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	if err := checkTools(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -146,6 +166,9 @@ func Start(t testing.TB) *Server {
 		key:     filepath.Join(dir, "id_ed25519"),
 		user:    u.Username,
 		logPath: filepath.Join(dir, "sshd.log"),
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	hostKey := filepath.Join(dir, "ssh_host_ed25519_key")
 	keygen(t, hostKey, "sshtest-host")
@@ -246,7 +269,7 @@ func (s *Server) config(hostKey, authKeys string) string {
 		"SetEnv SHLVL=1",
 		"X11Forwarding no",
 		"AllowTcpForwarding no",
-		"AllowAgentForwarding no",
+		"AllowAgentForwarding " + yesNo(s.agentForwarding),
 		"PrintMotd no",
 		"PrintLastLog no",
 		"UseDNS no",
