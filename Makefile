@@ -9,7 +9,7 @@ BIN := bin/agent-wrap
 
 export CGO_ENABLED := 0
 
-.PHONY: build test deps lint demo bench dist cross clean
+.PHONY: build test deps lint demo bench dist cross package clean
 
 # What the tests need besides Go: installed as root with apt-get, else named.
 deps:
@@ -33,6 +33,29 @@ dist:
 			-o "$$d/agent-wrap-$$os-$$arch" ./cmd/agent-wrap; \
 	done; \
 	cd "$$d" && sha256sum $$names >SHA256SUMS && cat SHA256SUMS
+
+# The host side as packages: DISTDIR (dist/) gets agent-wrap_V_ARCH.deb and
+# agent-wrap-V-1.ARCH.rpm for amd64 and arm64. `go run ./packaging` stages
+# the files (the binary, the man page and completions from the command
+# table, the watchdog's units from deploy/units, the copyright file) and
+# writes nfpm's configuration; nfpm, pinned in go.mod as a tool, packs them.
+# MAINTAINER defaults to the last commit's author. A LICENSE file at the top
+# of the tree is shipped as the licence (LICENSE_ID=SPDX names it).
+MAINTAINER ?= $(shell git log -1 --format='%an <%ae>' 2>/dev/null)
+LICENSE_ID ?=
+package:
+	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; \
+	lic=; [ -f LICENSE ] && lic="-license-file $$PWD/LICENSE -license $(LICENSE_ID)"; \
+	for arch in amd64 arm64; do \
+		s=$$(mktemp -d); trap 'rm -rf "$$s"' EXIT; \
+		echo "+ GOOS=linux GOARCH=$$arch $(GO) build -o $$s/agent-wrap"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o "$$s/agent-wrap" ./cmd/agent-wrap; \
+		echo "+ $(GO) run ./packaging -arch $$arch -version $(VERSION)"; \
+		$(GO) run -ldflags '$(LDFLAGS)' ./packaging -bin "$$s/agent-wrap" -arch $$arch -version '$(VERSION)' \
+			-maintainer '$(MAINTAINER)' $$lic -out "$$s/stage"; \
+		for p in deb rpm; do $(GO) tool nfpm package -f "$$s/stage/nfpm.yaml" -p $$p -t "$$d"; done; \
+		rm -rf "$$s"; \
+	done
 
 # Fast portability check, no emulator: agent-wrap builds for every platform,
 # and on each one that is not Linux, go vet (test files too) passes on every
@@ -70,6 +93,7 @@ demo: build
 	$(BIN) --root "$$root" $$id -- sh -c 'echo hello from $$$$; sleep 1 & echo child started; wait; echo done'; \
 	echo "exit: $$?"; \
 	$(BIN) --root "$$root" status $$id; \
+	$(BIN) --root "$$root" show $$id; \
 	$(BIN) --root "$$root" verify $$id
 
 # Measure agent-wrap against bare baselines, interleaved in one run, and write

@@ -26,6 +26,7 @@ const (
 	ExitUnknown    = 4  // reconcile: some outcome is unknown
 	ExitUsage      = 64 // EX_USAGE
 	ExitNoRun      = 66 // EX_NOINPUT: no such run
+	ExitNoInput    = 66 // EX_NOINPUT: a --http secret or CA file is missing, unreadable, unsafe or empty
 	ExitSoftware   = 70 // EX_SOFTWARE: launch failure other than 126/127
 	ExitTempFail   = 75 // EX_TEMPFAIL: the ID is live or its outcome unknown
 	ExitUnsafeRoot = 78 // EX_CONFIG: the run root is unsafe
@@ -54,6 +55,9 @@ type Env struct {
 	// shortForm: the command line had no command name (agent-wrap RUN_ID
 	// CMD...), so run refuses a RUN_ID that looks like a mistyped command.
 	shortForm bool
+	// describe, when set, gets the FlagSet of the command whose help was
+	// asked for, instead of the help being printed (describe.go).
+	describe func(fs *pflag.FlagSet)
 }
 
 // command is one entry of the dispatch table. Its text fields are what

@@ -14,24 +14,46 @@ func init() {
 	register(&command{
 		name:     "ledger",
 		summary:  "list the runs agent-wrap ssh started, unsettled first",
-		synopsis: "ledger [--json] [--ledger DIR]",
-		help:     "ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:\nID, destination, state, outcome, exit code, age. See docs/controller.md.",
-		exits:    "0; 78 unsafe ledger",
+		synopsis: "ledger [--json] [--controller HOST[:PID]] [--dead] [--ledger DIR|URL] | ledger init [--ledger DIR|URL]\n       agent-wrap [--root DIR] " + ledgerShowSynopsis,
+		help:     ledgerHelp,
+		exits:    "0; 64 bad ledger URL; 69 the database cannot be reached; 77 the database refused access; 78 unsafe ledger, no ledger in the database (run 'ledger init') or a newer schema",
 		run:      runLedger,
 	})
 }
 
+const ledgerHelp = `ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:
+ID, destination, state, outcome, exit code, age. --controller keeps the runs
+of one controller (HOST, or HOST:PID), --dead those whose controller is gone
+(its process ended, on this machine; its heartbeat older than the run's
+give-up time, elsewhere).
+
+'ledger init' makes the ledger: for a postgres:// URL it creates the schema
+in the database (or migrates an older one), refusing a newer one; for a
+directory it makes the directory.
+
+'ledger show RUN_ID' shows one of them with its host's timeline. See
+docs/controller.md.
+`
+
 func runLedger(e *Env, args []string) int {
+	if len(args) > 0 && args[0] == "show" {
+		return runLedgerShow(e, args[1:])
+	}
 	fs := e.flags("ledger")
 	asJSON := fs.Bool("json", false, "one JSON object per line per run: the ledger record")
-	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")
+	ctl := fs.String("controller", "", "only the runs of controller `HOST[:PID]`")
+	dead := fs.Bool("dead", false, "only the runs whose controller is gone")
+	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	fs.SetInterspersed(true)
 	_ = fs.MarkHidden("root")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
+	if fs.NArg() == 1 && fs.Arg(0) == "init" {
+		return e.ledgerInit(*ledgerDir)
+	}
 	if fs.NArg() != 0 {
-		return e.usageError("ledger takes no arguments")
+		return e.usageError("ledger takes no arguments but init")
 	}
 	l, code := e.openLedger(*ledgerDir, false)
 	if l == nil {
@@ -40,20 +62,15 @@ func runLedger(e *Env, args []string) int {
 		}
 		return code
 	}
-	ids, err := l.List()
+	defer l.Close()
+	recs, err := l.List(e.Ctx, ledger.Filter{Controller: *ctl})
 	if err != nil {
-		e.errorf("ledger: %v", err)
-		return ExitFailure
-	}
-	var recs []*ledger.Record
-	for _, id := range ids {
-		r, err := l.Read(id)
-		if err != nil {
-			e.errorf("%v", err)
-			continue
+		e.errorf("%v", err)
+		if recs == nil {
+			return e.ledgerError(err)
 		}
-		recs = append(recs, r)
 	}
+	recs = deadFilter(recs, *dead)
 	// Unsettled first, then newest first.
 	sort.SliceStable(recs, func(i, j int) bool {
 		si, sj := recs[i].State == ledger.Settled, recs[j].State == ledger.Settled
@@ -84,5 +101,39 @@ func runLedger(e *Env, args []string) int {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Dest, r.State, outcome, exit, time.Since(r.CreatedAt).Truncate(time.Second))
 	}
 	tw.Flush()
+	return ExitOK
+}
+
+// ledgerInit is 'ledger init': the schema of a database ledger, created
+// or migrated; a directory ledger made.
+func (e *Env) ledgerInit(flag string) int {
+	where, code := e.resolveLedger(flag)
+	if code != 0 {
+		return code
+	}
+	if !ledger.IsURL(where) {
+		if _, err := ledger.OpenFiles(where, true); err != nil {
+			return e.ledgerError(err)
+		}
+		fmt.Fprintf(e.Stdout, "%s: a files ledger (nothing more to set up)\n", where)
+		return ExitOK
+	}
+	p, err := ledger.OpenPostgresForInit(e.Ctx, where)
+	if err != nil {
+		return e.ledgerError(err)
+	}
+	defer p.Close()
+	from, to, err := p.Init(e.Ctx)
+	if err != nil {
+		return e.ledgerError(err)
+	}
+	switch {
+	case from < 0:
+		fmt.Fprintf(e.Stdout, "%s: ledger created, schema version %d\n", p, to)
+	case from == to:
+		fmt.Fprintf(e.Stdout, "%s: ledger at schema version %d already; nothing changed\n", p, to)
+	default:
+		fmt.Fprintf(e.Stdout, "%s: ledger migrated from schema version %d to %d\n", p, from, to)
+	}
 	return ExitOK
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -53,6 +54,8 @@ type runFlags struct {
 	detachFD     int // set only in the supervisor that --detach starts (detach.go)
 	// handoffGrace is --handoff-grace; -1: not given (the grace).
 	handoffGrace durationValue
+	http         httpgw.Flags // --http* (http_flags.go)
+	httpFD       int          // set only in the --detach supervisor: the gateways' secrets on this FD
 }
 
 func runRun(e *Env, args []string) int {
@@ -69,6 +72,9 @@ func runRun(e *Env, args []string) int {
 	fs.Lookup("handoff-grace").DefValue = ""
 	fs.IntVar(&rf.detachFD, "detach-fd", 0, "internal: write the running record to `FD` (the --detach supervisor)")
 	_ = fs.MarkHidden("detach-fd")
+	addHTTPFlags(fs, &rf.http)
+	fs.IntVar(&rf.httpFD, "http-fd", 0, "internal: read the gateways' secrets from `FD` (the --detach supervisor)")
+	_ = fs.MarkHidden("http-fd")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -87,8 +93,20 @@ func runRun(e *Env, args []string) int {
 	default:
 		return e.usageError("--agent must be scoped, inherit or none, not %q", rf.agent)
 	}
+	specs, code := e.httpSpecs(rf.http)
+	if code != 0 {
+		return code
+	}
+	if rf.httpFD > 2 {
+		code = e.loadPassedHTTP(specs, rf.httpFD)
+	} else {
+		code = e.loadHTTP(specs, e.Stdin)
+	}
+	if code != 0 {
+		return code
+	}
 	if rf.detach {
-		return e.runDetached(id, argv, rf)
+		return e.runDetached(id, argv, rf, specs)
 	}
 
 	root, code := e.openRoot(true)
@@ -107,6 +125,7 @@ func runRun(e *Env, args []string) int {
 		OnHangup: rf.onHangup,
 		Cgroup:   rf.cgroup,
 		Agent:    rf.agent,
+		HTTP:     specs,
 		Stdout:   e.Stdout,
 		Stderr:   e.Stderr,
 		Diag:     e.Stderr,

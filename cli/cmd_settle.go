@@ -12,9 +12,9 @@ func init() {
 	register(&command{
 		name:     "settle",
 		summary:  "ask the hosts of the controller's runs what became of them and record it",
-		synopsis: "settle [--ledger DIR] [--all | RUN_ID...]",
+		synopsis: "settle [--ledger DIR|URL] [--all [--dead] [--controller HOST[:PID]] | RUN_ID...]",
 		help:     settleHelp,
-		exits:    "0 all settled; 3 some running; 4 some unknown; 255 some host unreachable; 66 a named run is not in the ledger; 64 usage; 78 unsafe ledger",
+		exits:    "0 all settled; 3 some running (or being settled by another settle); 4 some unknown; 255 some host unreachable; 66 a named run is not in the ledger; 64 usage or a bad ledger URL; 69 the database cannot be reached; 77 the database refused access; 78 unsafe ledger, or no ledger of this version in the database",
 		run:      runSettle,
 	})
 }
@@ -23,13 +23,19 @@ const settleHelp = `settle asks the host of each unsettled run in the ledger (re
 over the run's own --rsh) what became of it and records the outcome:
 completed, cancelled, unknown, or not_started (the host never had the run ID
 and the ledger still says launching). It signals nothing. A run whose
-controller is still alive is left to it.
+controller is still driving it is left to it: on this machine, while its
+process lives; on another (a shared PostgreSQL ledger), while its heartbeat
+is younger than the run's give-up time. Each run is claimed before the host
+is asked, so two settles at once settle it once. --dead keeps to the runs
+whose controller is gone; --controller HOST[:PID] to one controller's.
 `
 
 func runSettle(e *Env, args []string) int {
 	fs := e.flags("settle")
 	all := fs.Bool("all", false, "every run in the ledger not settled yet (and those settled unknown)")
-	ledgerDir := fs.String("ledger", "", "the ledger `DIR`")
+	dead := fs.Bool("dead", false, "with --all: only the runs whose controller is gone")
+	ctl := fs.String("controller", "", "with --all: only the runs of controller `HOST[:PID]`")
+	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	fs.SetInterspersed(true)
 	_ = fs.MarkHidden("root")
 	if code, ok := e.parse(fs, args); !ok {
@@ -41,6 +47,8 @@ func runSettle(e *Env, args []string) int {
 		return e.usageError("settle takes RUN_IDs or --all, not both")
 	case !*all && len(ids) == 0:
 		return e.usageError("settle needs a RUN_ID or --all")
+	case !*all && (*dead || *ctl != ""):
+		return e.usageError("settle: --dead and --controller go with --all")
 	}
 	l, code := e.openLedger(*ledgerDir, false)
 	if l == nil {
@@ -49,21 +57,25 @@ func runSettle(e *Env, args []string) int {
 		}
 		return code
 	}
+	defer l.Close()
 	if *all {
-		list, err := l.List()
+		list, err := l.List(e.Ctx, ledger.Filter{Unsettled: true, Controller: *ctl})
 		if err != nil {
 			e.errorf("settle: %v", err)
-			return ExitFailure
+			if list == nil {
+				return e.ledgerError(err)
+			}
 		}
-		for _, id := range list {
-			if r, err := l.Read(id); err == nil && controller.Needed(r) {
-				ids = append(ids, id)
+		for _, r := range deadFilter(list, *dead) {
+			if controller.Needed(r) {
+				ids = append(ids, r.RunID)
 			}
 		}
 	}
+	opt := controller.SettleOptions{LogDir: e.sshLogDir(l)}
 	worst, missing := ExitOK, false
 	for _, id := range ids {
-		rec, found, err := controller.Settle(e.Ctx, l, id)
+		rec, found, err := controller.Settle(e.Ctx, l, id, opt)
 		if rec == nil {
 			e.errorf("settle %s: %v", id, err)
 			if errors.Is(err, ledger.ErrNoRecord) {
@@ -84,6 +96,9 @@ func runSettle(e *Env, args []string) int {
 			}
 			if rec.Reason != "" {
 				line += ": " + rec.Reason
+			}
+			if errors.Is(err, controller.ErrAlreadySettled) {
+				line += " (settled already; nothing written)"
 			}
 			fmt.Fprintln(e.Stdout, line)
 		case controller.SettleRunning:

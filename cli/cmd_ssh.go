@@ -9,6 +9,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/handoff"
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -19,7 +20,7 @@ func init() {
 		summary:  "run a job on another host so that it cannot be lost (the controller side)",
 		synopsis: "ssh [FLAGS] DEST [--] CMD [ARG...]",
 		help:     sshHelp,
-		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again); 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage or a run ID already in the ledger; 78 unsafe ledger",
+		exits:    "the run's exit code, as run gives it; 255 the outcome could not be learned ('agent-wrap settle RUN_ID' asks again), the ledger stayed away past --give-up, or another settle settled the run; 127 the host has no agent-wrap; 75 inside a run that is ending (nothing launched); 64 usage (an --http* flag too), a bad ledger URL or a run ID already in the ledger; 66 an --http-secret or --http-ca that cannot be had (nothing recorded or launched); 77 the database refused access; 78 unsafe ledger, or a database without this version's ledger",
 		run:      runSSH,
 	})
 }
@@ -32,7 +33,10 @@ confirmed remote cancel over a new connection. The job's stdout and stderr
 arrive byte for byte; the job's stdin is /dev/null. Inside a run
 ($AGENT_WRAP_CONTROL set by its wrapper) the run is registered with that run
 before the launch, its lease capped at that run's time left, and it is
-cancelled before that run stops. See docs/controller.md.
+cancelled before that run stops. The --http* flags are run's (the job gets
+a URL, not a token): the secrets and CA files are read here, on the
+controller, and sent over the launch connection's stdin, never to the host's
+disk or any command line. See docs/controller.md.
 `
 
 func runSSH(e *Env, args []string) int {
@@ -50,10 +54,13 @@ func runSSH(e *Env, args []string) int {
 	for _, name := range []string{"lease", "grace", "renew-every", "give-up"} {
 		fs.Lookup(name).DefValue = "" // the defaults are in the usage text
 	}
+	var hf httpgw.Flags
+	addHTTPFlags(fs, &hf)     // read here, sent over the launch's stdin (ssh_http.go)
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
+	agent := fs.String("agent", "", "forward this controller's SSH agent to the job: `MODE` scoped (relayed only while the run is live and leased), inherit, or none (not forwarded); default: not passed, the host's run decides")
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	mux := fs.String("mux", controller.MuxAuto, "`MODE` auto: calls are sessions on agent-wrap's own ssh ControlMasters (unless the --rsh is not OpenSSH's or you set a ControlPath); off: a connection per call")
-	ledgerDir := fs.String("ledger", "", "the ledger `DIR` (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)")
+	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -86,6 +93,10 @@ func runSSH(e *Env, args []string) int {
 	if grace < 0 {
 		cfg.Grace = 0
 	}
+	if !controller.ValidAgent(*agent) {
+		return e.usageError("ssh: --agent %q: want scoped, inherit or none", *agent)
+	}
+	cfg.Agent, cfg.AgentSocket = *agent, e.Getenv("SSH_AUTH_SOCK")
 	if *id != "" {
 		if err := rundir.ValidID(*id); err != nil {
 			return e.usageError("ssh: --id: %v", err)
@@ -101,11 +112,17 @@ func runSSH(e *Env, args []string) int {
 		}
 		cfg.Rsh = words
 	}
-	l, code := e.openLedger(*ledgerDir, true)
+	specs, code := e.sshGateways(hf, cfg.Rsh)
+	if code != 0 {
+		return code
+	}
+	cfg.HTTP = specs
+	l, code := e.openControllerLedger(*ledgerDir)
 	if l == nil {
 		return code
 	}
-	cfg.Ledger = l
+	defer l.Close()
+	cfg.Ledger, cfg.LogDir = l, e.sshLogDir(l)
 	if *events != "" {
 		f, err := os.OpenFile(*events, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 		if err != nil {
@@ -128,15 +145,16 @@ func runSSH(e *Env, args []string) int {
 		case errors.Is(err, ledger.ErrExists):
 			e.hint("the ledger already holds that run; pick another --id, or see it with 'agent-wrap ledger'")
 			return ExitUsage
-		case rundir.IsUnsafe(err):
-			return ExitUnsafeRoot
 		case errors.Is(err, rundir.ErrBadID):
 			return ExitUsage
 		case errors.Is(err, controller.ErrMux):
 			e.hint("make it a directory of yours with mode 0700 (or name another with AGENT_WRAP_MUX_DIR), or pass --mux off; nothing was started")
 			return ExitUnsafeRoot
+		case errors.Is(err, ledger.ErrUnreachable):
+			e.hint("nothing was launched; run it again once the ledger's database is back")
+			return 255
 		}
-		return ExitFailure
+		return e.ledgerHint(err)
 	}
 	go func() {
 		for s := range sigs {
@@ -146,29 +164,4 @@ func runSSH(e *Env, args []string) int {
 		}
 	}()
 	return run.Follow(e.Ctx)
-}
-
-// openLedger resolves and opens the ledger; errors are printed and the
-// second result is the exit code to return.
-func (e *Env) openLedger(flag string, create bool) (*ledger.Ledger, int) {
-	path, err := ledger.Resolve(flag, e.Getenv)
-	if err != nil {
-		e.errorf("%v", err)
-		e.hint("pass --ledger DIR or set AGENT_WRAP_LEDGER")
-		return nil, ExitUsage
-	}
-	l, err := ledger.Open(path, create)
-	if err != nil {
-		e.errorf("%v", err)
-		switch {
-		case rundir.IsUnsafe(err):
-			e.hint("the ledger must be a real directory owned by you with mode 0700; fix it or choose another with --ledger")
-			return nil, ExitUnsafeRoot
-		case errors.Is(err, os.ErrNotExist):
-			e.hint("no run was ever started with this ledger; pass the --ledger the runs used")
-			return nil, ExitNoRun
-		}
-		return nil, ExitFailure
-	}
-	return l, 0
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
@@ -15,8 +16,9 @@ import (
 func init() {
 	register(&command{
 		name:     "status",
-		summary:  "print a run's record (status.json)",
-		synopsis: "status RUN_ID",
+		summary:  "print a run's record: for a person, or status.json with --json",
+		synopsis: "status [--json] RUN_ID",
+		help:     statusHelp,
 		exits:    "0; 1 the record is unreadable; 66 no such run; 64 usage; 78 unsafe run root",
 		run:      runStatus,
 	})
@@ -58,8 +60,17 @@ func (e *Env) openRun(id string) (*rundir.Root, *rundir.Dir, int) {
 	return root, d, 0
 }
 
+const statusHelp = `status prints the run's record for a person: the judged state (as list
+gives it: "lost" when the record is not terminal and its wrapper is gone),
+what reconcile says now, the command, the processes, the times, the lease
+(its countdown only while a wrapper enforces it), the exit and the
+survivors. --json prints the record itself, status.json, unchanged.
+'agent-wrap show RUN_ID' draws the run's journal.`
+
 func runStatus(e *Env, args []string) int {
 	fs := e.flags("status")
+	asJSON := fs.Bool("json", false, "print the record itself (status.json)")
+	fs.SetInterspersed(true)
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -72,15 +83,27 @@ func runStatus(e *Env, args []string) int {
 	}
 	defer root.Close()
 	defer d.Close()
-	rec, err := statusfile.Read(d)
-	if err != nil {
-		e.errorf("%v", err)
-		e.hint("the record is unreadable; 'agent-wrap reconcile %s' says what is known", d.ID)
-		return ExitFailure
+	if *asJSON {
+		rec, err := statusfile.Read(d)
+		if err != nil {
+			return e.unreadableRecord(d.ID, err)
+		}
+		b, _ := statusfile.Marshal(rec)
+		e.Stdout.Write(b)
+		return ExitOK
 	}
-	b, _ := statusfile.Marshal(rec)
-	e.Stdout.Write(b)
+	in := reconcile.Gather(d)
+	if in.Record == nil {
+		return e.unreadableRecord(d.ID, in.RecordErr)
+	}
+	writeStatus(e.Stdout, in, reconcile.Decide(in))
 	return ExitOK
+}
+
+func (e *Env) unreadableRecord(id string, err error) int {
+	e.errorf("%v", err)
+	e.hint("the record is unreadable; 'agent-wrap reconcile %s' says what is known", id)
+	return ExitFailure
 }
 
 func runVerify(e *Env, args []string) int {

@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -35,11 +38,49 @@ import (
 // is close-on-exec by the time the job starts (the wrapper marks every fd
 // from 3 up close-on-exec before it forks the job).
 
-// detachFD is the descriptor number the supervisor reports on.
-const detachFD = 3
+// detachFD is the descriptor number the supervisor reports on; httpFD the
+// one it reads the gateways' secrets from.
+const (
+	detachFD = 3
+	httpFD   = 4
+)
+
+// withoutVars is env without the variables named.
+func withoutVars(env, names []string) []string {
+	if len(names) == 0 {
+		return env
+	}
+	out := env[:0:0]
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(names, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// loadPassedHTTP is the supervisor's side: the secrets the caller read,
+// from fd, before the claim.
+func (e *Env) loadPassedHTTP(specs []*httpgw.Spec, fd int) int {
+	f := os.NewFile(uintptr(fd), "http-secrets")
+	if f == nil || len(specs) == 0 {
+		return 0
+	}
+	defer f.Close()
+	if err := httpgw.NoDump(); err != nil {
+		e.errorf("cannot protect the gateway secrets: %v", err)
+		return ExitCannot
+	}
+	if err := httpgw.LoadPassed(specs, f); err != nil {
+		e.errorf("%v", err)
+		return ExitNoInput
+	}
+	return 0
+}
 
 // runDetached is run --detach.
-func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
+func (e *Env) runDetached(id string, argv []string, rf runFlags, specs []*httpgw.Spec) int {
 	root, code := e.openRoot(true)
 	if root == nil {
 		return code
@@ -86,10 +127,25 @@ func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
 	if rf.handoffGrace >= 0 {
 		args = append(args, "--handoff-grace", time.Duration(rf.handoffGrace).String())
 	}
+	args = append(args, rf.http.Args()...)
+	var secR, secW *os.File
+	if len(specs) > 0 {
+		// The gateways' secrets and CAs, read here, go to the supervisor on
+		// a pipe (fd 4), never in its argv or environment; it is started
+		// with the same --http* flags, and reads no file or variable again.
+		if secR, secW, err = os.Pipe(); err != nil {
+			repW.Close()
+			errW.Close()
+			e.errorf("run %s: --detach: %v", id, err)
+			return ExitCannot
+		}
+		args = append(args, "--http-fd", fmt.Sprint(httpFD))
+	}
 	args = append(args, id, "--")
 	cmd := &exec.Cmd{
 		Path:       exe,
 		Args:       append(args, argv...),
+		Env:        withoutVars(os.Environ(), httpgw.EnvVars(specs)),
 		Stdin:      devnull,
 		Stdout:     devnull,
 		Stderr:     errW,
@@ -98,9 +154,19 @@ func (e *Env) runDetached(id string, argv []string, rf runFlags) int {
 		// caller's group or session reaches it.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
+	if secR != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, secR) // fd 4 == httpFD
+	}
 	err = cmd.Start()
 	repW.Close()
 	errW.Close()
+	if secR != nil {
+		secR.Close()
+		go func() {
+			_, _ = secW.Write(httpgw.Passed(specs)) // EPIPE: it ended first, and says why
+			secW.Close()
+		}()
+	}
 	if err != nil {
 		e.errorf("run %s: --detach: cannot start the supervisor: %v", id, err)
 		return ExitCannot

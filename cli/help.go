@@ -19,8 +19,8 @@ import (
 func init() {
 	register(&command{
 		name:     "help",
-		summary:  "list the commands, or describe one",
-		synopsis: "help [COMMAND]",
+		summary:  "list the commands, or describe one; --man prints the manual page",
+		synopsis: "help [--man] [COMMAND]",
 		exits:    "0; 64 no such command",
 		run:      runHelpCommand,
 	})
@@ -28,8 +28,16 @@ func init() {
 
 func runHelpCommand(e *Env, args []string) int {
 	fs := e.flags("help")
+	man := fs.Bool("man", false, "print agent-wrap(1), every command's help as one man page (roff)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
+	}
+	if *man {
+		if fs.NArg() > 0 {
+			return e.usageError("help --man prints the whole manual; it takes no COMMAND")
+		}
+		writeMan(e.Stdout)
+		return ExitOK
 	}
 	switch fs.NArg() {
 	case 0:
@@ -51,21 +59,33 @@ func runHelpCommand(e *Env, args []string) int {
 	return e.usageError("help takes at most one COMMAND")
 }
 
+// The overview's words: usage prints them, and so does the man page.
+var usageForms = []string{
+	"agent-wrap [--root DIR] RUN_ID [--] CMD [ARG...]",
+	"agent-wrap [--root DIR] COMMAND [FLAGS] ...",
+}
+
+const (
+	shortFormText = `The first form is 'agent-wrap run RUN_ID -- CMD [ARG...]'. A RUN_ID that
+equals or nearly equals a command name needs the explicit 'run'.`
+	rootText = "every command takes --root DIR (default $AGENT_WRAP_ROOT, else $HOME/.agent-runs)"
+	exitText = `exit codes: 64 usage error and 78 unsafe run root, from every command; 125 from
+run when agent-wrap itself failed before the job could start. docs/reference.md has them all.`
+)
+
 // usage prints the overview: the two forms of the command line and one line
 // per registered command.
 func (e *Env) usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: agent-wrap [--root DIR] RUN_ID [--] CMD [ARG...]")
-	fmt.Fprintln(w, "       agent-wrap [--root DIR] COMMAND [FLAGS] ...")
-	fmt.Fprintln(w, "\nThe first form is 'agent-wrap run RUN_ID -- CMD [ARG...]'. A RUN_ID that")
-	fmt.Fprintln(w, "equals or nearly equals a command name needs the explicit 'run'.")
+	fmt.Fprintln(w, "usage: "+usageForms[0])
+	fmt.Fprintln(w, "       "+usageForms[1])
+	fmt.Fprintln(w, "\n"+shortFormText)
 	fmt.Fprintln(w, "\ncommands:")
 	for _, n := range commandNames() {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nevery command takes --root DIR (default $AGENT_WRAP_ROOT, else $HOME/.agent-runs)")
+	fmt.Fprintln(w, "\n"+rootText)
 	fmt.Fprintln(w, "'agent-wrap help COMMAND' or 'agent-wrap COMMAND --help' describes one command.")
-	fmt.Fprintln(w, "\nexit codes: 64 usage error and 78 unsafe run root, from every command; 125 from")
-	fmt.Fprintln(w, "run when agent-wrap itself failed before the job could start. docs/reference.md has them all.")
+	fmt.Fprintln(w, "\n"+exitText)
 }
 
 // commandNames returns the registered command names, sorted.
@@ -80,6 +100,10 @@ func commandNames() []string {
 
 // commandHelp prints the help of the command name, whose flags fs holds.
 func (e *Env) commandHelp(w io.Writer, name string, fs *pflag.FlagSet) {
+	if e.describe != nil {
+		e.describe(fs)
+		return
+	}
 	c := commands[name]
 	if c == nil {
 		c = &command{name: name}
@@ -102,14 +126,42 @@ func (e *Env) commandHelp(w io.Writer, name string, fs *pflag.FlagSet) {
 	}
 }
 
-// printFlags prints one line per visible flag. A default is shown only when
-// it says something true: not for zero values, and not where the flag's own
-// text already says what happens by default (a sentinel such as -1 for
-// "the run's own grace" is an implementation detail, not a default).
+// printFlags prints one line per visible flag.
 func printFlags(w io.Writer, fs *pflag.FlagSet) {
 	type line struct{ left, right string }
 	var lines []line
 	width := 0
+	for _, f := range flagDocs(fs) {
+		left := "    "
+		if f.short != "" {
+			left = "-" + f.short + ", "
+		}
+		left += "--" + f.name
+		if f.arg != "" {
+			left += " " + f.arg
+		}
+		lines = append(lines, line{left, f.usage})
+		width = max(width, len(left))
+	}
+	for _, l := range lines {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, l.left, l.right)
+	}
+}
+
+// flagDoc is one visible flag as help, the man page and the completions
+// show it.
+type flagDoc struct {
+	name, short string
+	arg         string // the value's name (DIR, D, FILE, ...); "" for a bool flag
+	usage       string // the flag's text, with its default where that says something
+}
+
+// flagDocs returns fs's visible flags in name order. A default is shown
+// only when it says something true: not for zero values, and not where the
+// flag's own text already says what happens by default (a sentinel such as
+// -1 for "the run's own grace" is an implementation detail, not a default).
+func flagDocs(fs *pflag.FlagSet) []flagDoc {
+	var out []flagDoc
 	fs.VisitAll(func(f *pflag.Flag) {
 		if f.Hidden {
 			return
@@ -118,23 +170,12 @@ func printFlags(w io.Writer, fs *pflag.FlagSet) {
 		if f.Value.Type() == "bool" {
 			varname = ""
 		}
-		left := "    "
-		if f.Shorthand != "" {
-			left = "-" + f.Shorthand + ", "
-		}
-		left += "--" + f.Name
-		if varname != "" {
-			left += " " + varname
-		}
 		if def := shownDefault(f); def != "" && !strings.Contains(usage, "default") {
 			usage += " (default " + def + ")"
 		}
-		lines = append(lines, line{left, usage})
-		width = max(width, len(left))
+		out = append(out, flagDoc{name: f.Name, short: f.Shorthand, arg: varname, usage: usage})
 	})
-	for _, l := range lines {
-		fmt.Fprintf(w, "  %-*s  %s\n", width, l.left, l.right)
-	}
+	return out
 }
 
 // shownDefault is a flag's default as help shows it: "" for a zero value,

@@ -125,7 +125,7 @@ func TestSurvivorsOnlyWhenTerminal(t *testing.T) {
 	c, r := startRun(t, root, "sv", "--grace", "1s", "sv", "--", "sleep", "300")
 	cleanupRun(t, r)
 	r.WaitState(t, statusfile.Running)
-	code, out, _ := runtest.Exec(t, root, "status", "sv")
+	code, out, _ := runtest.Exec(t, root, "status", "--json", "sv")
 	if code != 0 || strings.Contains(out, "survivors") {
 		t.Errorf("status of a running run: exit %d, mentions survivors:\n%s", code, out)
 	}
@@ -136,7 +136,7 @@ func TestSurvivorsOnlyWhenTerminal(t *testing.T) {
 		t.Fatalf("cancel: exit %d\n%s%s", code, out, errOut)
 	}
 	c.Wait(t)
-	code, out, _ = runtest.Exec(t, root, "status", "sv")
+	code, out, _ = runtest.Exec(t, root, "status", "--json", "sv")
 	if code != 0 || !strings.Contains(out, `"survivors": []`) {
 		t.Errorf("status of a cancelled run: exit %d, want \"survivors\": []\n%s", code, out)
 	}

@@ -15,8 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
-	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -44,16 +44,31 @@ type Config struct {
 	// masters' sockets live; default MuxDir(os.Getenv). See mux.go.
 	Mux, MuxDir string
 
-	Ledger *ledger.Ledger // required
-	Events io.Writer      // controller events as JSON lines; nil: none
-	Stdout io.Writer      // the job's stdout; required
-	Stderr io.Writer      // the job's stderr; required
+	Ledger ledger.Store // required: files or PostgreSQL, the same to the controller
+	// LogDir is where the run's ssh -E logs go (a directory per run,
+	// removed by Follow, or by Settle after a controller was killed).
+	// Default: os.TempDir().
+	LogDir string
+	Events io.Writer // controller events as JSON lines; nil: none
+	Stdout io.Writer // the job's stdout; required
+	Stderr io.Writer // the job's stderr; required
 	// Control is the outer wrapper's control socket when the controller
 	// runs inside a run (the job's AGENT_WRAP_CONTROL), and OuterRunID that
 	// run's ID (AGENT_WRAP_RUN_ID): the run is then a handoff of the outer
 	// run, bounded by it (nested.go). "": not inside a run.
 	Control    string
 	OuterRunID string
+	// HTTP are the run's credential gateways, loaded (httpgw.Load: their
+	// secrets and CA files read here); the launch sends them to the host
+	// over its stdin (http.go). nil: none.
+	HTTP []*httpgw.Spec
+	// Agent is the host's run --agent (AgentScoped, AgentInherit,
+	// AgentNone), with the launch connection forwarding the controller's
+	// agent or not (agent.go); "": neither passed nor set.
+	Agent string
+	// AgentSocket is the controller's own agent (its SSH_AUTH_SOCK), the
+	// one the launch connection forwards; "": ssh's own choice.
+	AgentSocket string
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
@@ -82,6 +97,7 @@ type Run struct {
 
 	mu  sync.Mutex
 	rec ledger.Record // the ledger record as last written
+	w   *writer       // writes rec's states to the ledger, in order
 
 	out, errw *countingWriter
 
@@ -98,6 +114,7 @@ type Run struct {
 	lostSaid    atomic.Bool // the current loss was said; cleared when attached
 	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
 	nest        *nested     // the outer run, inside a run (nested.go); set before Follow's goroutines
+	gw          *httpLaunch // the gateways the launch sends (http.go)
 }
 
 // ID returns the run ID.
@@ -134,6 +151,10 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	if err := rundir.ValidID(cfg.ID); err != nil {
 		return nil, err
 	}
+	gw, gateways, err := newHTTPLaunch(cfg.HTTP)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Lease == 0 {
 		cfg.Lease = 5 * time.Minute
 	}
@@ -154,7 +175,10 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		w := cfg.Stderr
 		cfg.Notice = func(s string) { fmt.Fprintf(w, "agent-wrap: %s\n", s) }
 	}
-	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.Ledger, cfg.ID)
+	if cfg.LogDir == "" {
+		cfg.LogDir = os.TempDir()
+	}
+	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.LogDir, cfg.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +187,7 @@ func Start(cfg Config, argv []string) (*Run, error) {
 		return nil, err
 	}
 	r := &Run{
-		cfg: cfg, argv: argv, h: h,
+		cfg: cfg, argv: argv, h: h, gw: gw,
 		ev:        &eventLog{w: cfg.Events, id: cfg.ID},
 		out:       &countingWriter{w: cfg.Stdout},
 		errw:      &countingWriter{w: cfg.Stderr},
@@ -180,16 +204,16 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	r.rec = ledger.Record{
 		RunID: cfg.ID, Dest: cfg.Dest, State: ledger.Launching,
 		Rsh: cfg.Rsh, RemoteBin: cfg.RemoteBin, RemoteRoot: cfg.RemoteRoot,
-		Command: argv, Lease: lease, Grace: cfg.Grace.Seconds(),
+		Command: argv, HTTP: gateways, Lease: lease, Grace: cfg.Grace.Seconds(),
 		CreatedAt: now, ControllerPID: os.Getpid(),
+		Controller: Self(), GiveUp: cfg.GiveUp.Seconds(),
 	}
-	if st, err := proc.ReadStat(os.Getpid()); err == nil {
-		r.rec.ControllerStart = st.Start
-	}
-	if err := cfg.Ledger.Create(&r.rec); err != nil {
+	r.rec.ControllerStart = Self().Start
+	if err := createLaunching(&r.cfg, &r.rec); err != nil {
 		h.close()
 		return nil, err
 	}
+	r.w = newWriter(cfg.Ledger, cfg.ID, cfg.GiveUp, cfg.Notice)
 	r.out.onWrite, r.errw.onWrite = r.progress, r.progress
 	r.reattaching.Store("")
 	r.lastRenew.Store(time.Now().UnixNano())
@@ -197,16 +221,16 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	return r, nil
 }
 
-// update changes the ledger record under the lock and writes it durably. A
-// write error is said (the run goes on; the previous record stands).
+// update changes the ledger record under the lock and writes it durably,
+// waiting for the write while the ledger answers. While it does not, the
+// write is queued and retried in order (see writer) and the run goes on.
 func (r *Run) update(change func(*ledger.Record)) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	change(&r.rec)
 	r.rec.StdoutBytes, r.rec.StderrBytes = r.out.n.Load(), r.errw.n.Load()
-	if err := r.cfg.Ledger.Update(&r.rec); err != nil {
-		r.cfg.Notice(fmt.Sprintf("run %s: cannot update the ledger: %v", r.cfg.ID, err))
-	}
+	n := r.w.enqueue(r.rec)
+	r.mu.Unlock()
+	r.w.wait(n)
 }
 
 func (r *Run) state() string {
@@ -267,9 +291,8 @@ func (r *Run) progress() {
 	}
 }
 
-// Follow drives the run to its end; see the package doc. It returns the
-// exit code for the controller: the run's, or 255 when unknown.
-func (r *Run) Follow(ctx context.Context) int {
+// follow is Follow's loop (owner.go has Follow).
+func (r *Run) follow(ctx context.Context) int {
 	defer r.h.close()
 	if code, refused := r.registerNested(); refused {
 		return code
@@ -318,7 +341,7 @@ func (r *Run) Follow(ctx context.Context) int {
 
 func (r *Run) isLaunched() bool { return isClosed(r.launched) }
 
-func (r *Run) markLaunched() { r.launchOnce.Do(func() { close(r.launched) }) }
+func (r *Run) markLaunched() { r.launchOnce.Do(func() { close(r.launched); r.gw.forget() }) }
 
 // launch runs `run --detach ... 2>&1 && exec attach` on one connection.
 // The detach's words (its record last) come first on stdout; what comes
@@ -332,7 +355,8 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	if l := r.nestedLaunchLease(); l != "" {
 		lease = l
 	}
-	words := append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String(), r.cfg.ID, "--"}, r.argv...)
+	words := append(append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String()}, r.agentFlags()...), r.gw.args...)
+	words = append(append(words, r.cfg.ID, "--"), r.argv...)
 	// --from before the ID: an agent-wrap too old to know attach reads
 	// this as the short form of run with an unknown flag, a usage error
 	// (64) found before any claim, rather than run a job named RUN_ID.
@@ -340,8 +364,9 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
+	lh := r.launchHost()
 	var gate *launchGate // launchgate.go
-	if r.h.mux != nil {
+	if lh.mux != nil {
 		g, err := newLaunchGate(ctx)
 		if err != nil {
 			return callResult{code: 255, err: err, noLog: true}, nil, ""
@@ -358,13 +383,18 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		io.Copy(io.Discard, pr)
 	}()
 	errw := r.newLaunchStderr()
+	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
 	var res callResult
 	if gate != nil {
-		res = r.h.callIn(ctx, line, gate.r, pw, errw)
+		// Through a master: the gate's pipe carries "go", then the
+		// secrets.
+		gate.payload = stdin
+		res = lh.callIn(ctx, line, gate.r, pw, errw)
 		gate.close()
 	} else {
-		res = r.h.call(ctx, line, pw, errw)
+		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
 	}
+	forget()
 	pw.Close()
 	<-done
 	res.early = errw.end()

@@ -16,7 +16,8 @@ import (
 // crash of the runner, controller.Settle (or `agent-wrap settle --all`)
 // finishes every run the ledger holds.
 func Example() {
-	l, err := ledger.Open("/var/lib/my-runner/ledger", true)
+	// A directory, or postgres://runner@db.internal/ledger for a fleet.
+	l, err := ledger.OpenForController(context.Background(), "/var/lib/my-runner/ledger")
 	if err != nil {
 		panic(err)
 	}
@@ -36,7 +37,7 @@ func Example() {
 	code := run.Follow(context.Background()) // the run's code, or 255: unknown
 	rec := run.Record()                      // the ledger's word: outcome, cause, exit_code
 	if rec.State != ledger.Settled {
-		// Unknown for now: controller.Settle(ctx, l, run.ID()) asks again later.
+		// Unknown for now: controller.Settle(ctx, l, run.ID(), controller.SettleOptions{}) asks again later.
 		fmt.Fprintf(os.Stderr, "run %s: %s\n", run.ID(), rec.Reason)
 	}
 	_ = code // exit with it, as ssh would

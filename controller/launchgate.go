@@ -17,11 +17,12 @@ import (
 //
 //	echo agent-wrap-launch-ready && read -r go && [ "$go" = go ] && LAUNCH
 //
-// The controller answers "go" when the ready line arrives and the launch
-// is still wanted (its context not ended). It closes the pipe when the
-// call ends, so a session that opens after its client was killed reads end
-// of file, and runs nothing. A launch killed after the "go" is one that
-// may have sent its command (mayHaveSent), as any.
+// The controller answers "go" (and then the gateways' secrets, if any, and
+// end of file) when the ready line arrives and the launch is still wanted
+// (its context not ended). Without a "go" it closes the pipe when the call
+// ends, so a session that opens after its client was killed reads end of
+// file, and runs nothing. A launch killed after the "go" is one that may
+// have sent its command (mayHaveSent), as any.
 
 // gateReady is the launch's ready line (without its newline).
 const gateReady = "agent-wrap-launch-ready"
@@ -29,8 +30,11 @@ const gateReady = "agent-wrap-launch-ready"
 type launchGate struct {
 	ctx  context.Context
 	r, w *os.File // the remote command's stdin: r to the client, w the controller's
-	mu   sync.Mutex
-	open bool // "go" was written
+	// payload follows "go" (the gateways' secrets, http.go); then the
+	// pipe is closed: the remote command reads end of file after it.
+	payload []byte
+	mu      sync.Mutex
+	open    bool // "go" was written
 }
 
 func newLaunchGate(ctx context.Context) (*launchGate, error) {
@@ -59,9 +63,15 @@ func (g *launchGate) ready() {
 		g.w = nil
 		return
 	}
-	if _, err := g.w.Write([]byte("go\n")); err == nil {
-		g.open = true
-	}
+	// Written in the background: a payload larger than the pipe's
+	// buffer must not hold the reading of the launch's stdout.
+	g.open = true
+	w := g.w
+	g.w = nil
+	go func() {
+		w.Write(append([]byte("go\n"), g.payload...))
+		w.Close()
+	}()
 }
 
 // close ends the gate once the call is over: whatever session may still

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
 // Quote returns words as one POSIX shell line in which each word arrives
@@ -225,22 +223,24 @@ type host struct {
 	tmpdir    string        // where ssh's -E logs go
 	mux       *mux          // agent-wrap's ControlMasters for dest, or nil (see useMux)
 	batch     *renewBatch   // renewals batched with the other runs to dest, or nil (renewbatch.go)
-	closeOnce sync.Once
+	closeOnce *sync.Once    // shared by launchHost's copies
 }
 
 // newHost checks rsh and prepares the calls' options and log directory:
-// a directory in the ledger beside the run's record (sshLogPrefix), so
-// that what a killed controller leaves is found and removed when the run
-// is settled (removeSSHLogs), never left in /tmp. close removes it.
-func newHost(rsh []string, dest, bin, root string, l *ledger.Ledger, id string) (*host, error) {
+// a directory in logDir named for the run (sshLogPrefix; agent-wrap ssh
+// uses the ledger's own directory for a files ledger, a local state
+// directory for PostgreSQL), so that what a killed controller leaves is
+// found and removed when the run is settled (removeSSHLogs), never left in
+// /tmp. close removes it.
+func newHost(rsh []string, dest, bin, root, logDir, id string) (*host, error) {
 	if len(rsh) == 0 {
 		return nil, errors.New("empty --rsh")
 	}
-	dir, err := os.MkdirTemp(l.Path, sshLogPrefix(id))
+	dir, err := os.MkdirTemp(logDir, sshLogPrefix(id))
 	if err != nil {
 		return nil, err
 	}
-	h := &host{rsh: rsh, dest: dest, bin: bin, root: root, tmpdir: dir, probed: make(chan struct{})}
+	h := &host{rsh: rsh, dest: dest, bin: bin, root: root, tmpdir: dir, probed: make(chan struct{}), closeOnce: new(sync.Once)}
 	// `ssh -G` is a process start: run it while the caller writes its
 	// ledger record; the first call waits for it.
 	go func() {
@@ -270,10 +270,13 @@ func (h *host) close() {
 // (which reads RUN_ID.json only); run IDs hold no glob characters.
 func sshLogPrefix(id string) string { return ".ssh-" + id + "-" }
 
-// removeSSHLogs removes every ssh log directory of run id from the ledger:
+// removeSSHLogs removes every ssh log directory of run id from logDir:
 // those of a controller that was killed before it could remove its own.
-func removeSSHLogs(l *ledger.Ledger, id string) {
-	dirs, _ := filepath.Glob(filepath.Join(l.Path, sshLogPrefix(id)+"*"))
+func removeSSHLogs(logDir, id string) {
+	if logDir == "" {
+		return
+	}
+	dirs, _ := filepath.Glob(filepath.Join(logDir, sshLogPrefix(id)+"*"))
 	for _, d := range dirs {
 		os.RemoveAll(d)
 	}
@@ -344,7 +347,9 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.
 	cmd := exec.Command(h.rsh[0], args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if stdin != nil {
-		cmd.Stdin = stdin
+		cmd.Stdin = stdin // the launch gate's pipe (launchgate.go)
+	} else {
+		cmd.Stdin = stdinOf(ctx) // nil: /dev/null; the launch's gateway secrets (http.go)
 	}
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client

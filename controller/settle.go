@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/ledger"
-	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 )
 
@@ -27,28 +26,61 @@ func Needed(rec *ledger.Record) bool {
 	return rec.State != ledger.Settled || rec.Outcome == ledger.Unknown
 }
 
+// SettleOptions are Settle's choices.
+type SettleOptions struct {
+	// LogDir is where the run's controller kept its ssh logs (Config.LogDir);
+	// what a killed controller left there is removed once the run is settled.
+	LogDir string
+}
+
+// ErrAlreadySettled comes with SettleDone for a run that was settled
+// before this Settle could claim it (by its controller, or by another
+// settle at the same time): nothing was written.
+var ErrAlreadySettled = errors.New("already settled")
+
 // Settle asks the host of run id, over the record's own rsh, destination,
 // remote binary and root, for its verdict (`reconcile --json`), and
 // records the outcome in the ledger, durably. It never signals anything. It
 // returns the record as it now stands, what it found (the Settle*
 // constants) and, for SettleUnreachable and SettleRunning, why.
 //
-// A run whose controller is still alive (PID and start time as recorded) is
-// left alone: the controller settles it. The host's 66 (no such run) is
-// not_started only while the ledger says launching, since a run that was
-// seen running cannot have not started; otherwise it is unknown.
-func Settle(ctx context.Context, l *ledger.Ledger, id string) (*ledger.Record, int, error) {
-	rec, err := l.Read(id)
+// It claims the run first (ledger.Store.Claim): a run another settle holds
+// is left to it (SettleRunning, ledger.ErrBusy), and the outcome is written
+// under the claim, so that two settles at once settle a run once. A run
+// whose owner still drives it (ledger.OwnerGone: its process on this
+// machine, its heartbeat elsewhere) is left alone: the controller settles
+// it. The host's 66 (no such run) is not_started only while the ledger says
+// launching, since a run that was seen running cannot have not started;
+// otherwise it is unknown.
+func Settle(ctx context.Context, l ledger.Store, id string, opt SettleOptions) (*ledger.Record, int, error) {
+	rec, err := l.Read(ctx, id)
 	if err != nil {
 		return nil, 0, err
 	}
 	if !Needed(rec) {
-		return rec, SettleDone, nil
+		return rec, SettleDone, ErrAlreadySettled
 	}
-	if controllerAlive(rec) {
-		return rec, SettleRunning, fmt.Errorf("its controller (pid %d) is still driving it", rec.ControllerPID)
+	claim, err := l.Claim(ctx, id)
+	if errors.Is(err, ledger.ErrBusy) {
+		return rec, SettleRunning, errors.New("another settle is settling it")
 	}
-	h, err := newHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, l, id)
+	if err != nil {
+		return rec, SettleUnreachable, err
+	}
+	defer claim.Release()
+	rec = claim.Record
+	if !Needed(rec) {
+		return rec, SettleDone, ErrAlreadySettled
+	}
+	me := Self()
+	if !ledger.OwnerGone(rec, me, claim.Now, localAlive) {
+		who := fmt.Sprintf("pid %d", rec.ControllerPID)
+		if rec.Controller != nil && !rec.Controller.SameMachine(me) {
+			who = fmt.Sprintf("%s, heartbeat %s ago", rec.Controller, claim.Now.Sub(rec.HeartbeatAt).Round(time.Second))
+		}
+		return rec, SettleRunning, fmt.Errorf("its controller (%s) is still driving it", who)
+	}
+	h, err := newHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, os.TempDir(), id)
 	if err != nil {
 		return rec, SettleUnreachable, err
 	}
@@ -80,27 +112,15 @@ func Settle(ctx context.Context, l *ledger.Ledger, id string) (*ledger.Record, i
 		outcome, cause, reason = ledger.Unknown, v.Evidence.Cause, v.Reason
 	}
 	rec.MarkSettled(outcome, code, cause, reason)
-	if err := l.Update(rec); err != nil {
+	rec.SettledBy = me
+	if err := claim.Settle(ctx, rec); err != nil {
 		return rec, SettleUnreachable, err
 	}
 	// The controller is gone (checked above): what it left of ssh's logs
 	// is of no further use.
-	removeSSHLogs(l, id)
+	removeSSHLogs(opt.LogDir, id)
 	if outcome == ledger.Unknown {
 		return rec, SettleUnknown, nil
 	}
 	return rec, SettleDone, nil
-}
-
-// controllerAlive reports whether the recorded controller process still
-// runs (same PID, same start time, not a zombie).
-func controllerAlive(rec *ledger.Record) bool {
-	if rec.ControllerPID <= 0 || rec.ControllerPID == os.Getpid() {
-		return false
-	}
-	st, err := proc.ReadStat(rec.ControllerPID)
-	if err != nil || st.State == 'Z' || st.State == 'X' {
-		return false
-	}
-	return rec.ControllerStart == 0 || st.Start == rec.ControllerStart
 }

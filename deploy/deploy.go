@@ -47,6 +47,8 @@ type unitData struct {
 	UserName string // cron.d user field
 	Log      string // cron: where the watchdog's output goes
 	Marker   string
+	// Package: the units are a package's (package.go), not install's.
+	Package bool
 }
 
 // safePath reports whether p may be written unquoted into an ExecStart=
@@ -85,8 +87,9 @@ const hardeningFile = "hardening"
 //
 //   - {{Key}} is replaced by a value: Bin, Root, UserName, Log, Marker;
 //     UserFlag (" --user" for user units, else empty); WantedBy
-//     (default.target or multi-user.target); Hardening (units/hardening,
-//     rendered the same way, without its last newline).
+//     (default.target or multi-user.target); InstalledBy (the install
+//     command line, or "the agent-wrap package"); Hardening
+//     (units/hardening, rendered the same way, without its last newline).
 //   - A line that starts with {{system}} is kept, without the mark, in
 //     system units and left out of user units.
 //
@@ -110,6 +113,10 @@ func renderFS(fsys fs.FS, name string, d unitData) ([]byte, error) {
 	}
 	if d.User {
 		vals["UserFlag"], vals["WantedBy"] = " --user", "default.target"
+	}
+	vals["InstalledBy"] = "'agent-wrap install --systemd" + vals["UserFlag"] + "'"
+	if d.Package {
+		vals["InstalledBy"] = "the agent-wrap package (not enabled; see the package's post-install message)"
 	}
 	if name != hardeningFile {
 		h, err := renderFS(fsys, hardeningFile, d)

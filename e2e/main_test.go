@@ -81,6 +81,7 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: building agent-wrap: %v\n%s", err, out)
 		return 1
 	}
+	defer stopSharedPG() // if a test started it
 	return m.Run()
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -198,6 +199,27 @@ func TestNested1CancelOuterStopsInnerFirst(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &v); err != nil || v.Outcome != "cancelled" || len(v.Handoffs) != 1 || v.Handoffs[0].Outcome != "cancelled" {
 		t.Errorf("reconcile --json outer1: %s (%v); want cancelled, naming inner1 cancelled", out, err)
+	}
+
+	// show on A draws the handoff, the intent, the handoff's end and the
+	// final record, in that order.
+	out, err := execBin("--root", a.root, "show", "outer1")
+	if err != nil {
+		t.Fatalf("show outer1: %v\n%s", err, out)
+	}
+	dest := regexp.QuoteMeta(c.srv.Destination())
+	reg := regexp.MustCompile(`(?m) wrapper handoff: run inner1 on ` + dest + ` \(controller pid \d+, lease \S+\)$`)
+	end := regexp.MustCompile(`(?m) wrapper handoff ended: run inner1 on ` + dest + `: cancelled, exit 143, learned controller$`)
+	intent := regexp.MustCompile(`(?m) INTENT cancel requested: cause cancel$`)
+	final := regexp.MustCompile(`(?m) wrapper final: cancelled \(cancel\), exit 143, nothing survived$`)
+	var at []int
+	for _, re := range []*regexp.Regexp{reg, intent, end, final} {
+		i := re.FindStringIndex(out)
+		if i == nil || len(at) > 0 && i[0] < at[len(at)-1] {
+			t.Errorf("show outer1: %s missing or out of order:\n%s", re, out)
+			break
+		}
+		at = append(at, i[0])
 	}
 }
 

@@ -89,8 +89,10 @@ var sleepTree = []string{"sh", "-c", `sleep 300 & sleep 300 & echo started; wait
 
 // 2. SIGINT to the controller: a confirmed cancel over a second connection.
 func TestSSH2InterruptCancels(t *testing.T) {
-	t.Parallel()
-	c := newCtlHarness(t)
+	eachLedger(t, testSSH2InterruptCancels)
+}
+
+func testSSH2InterruptCancels(t *testing.T, c *ctlHarness) {
 	k := c.start("int", longLease, sleepTree...)
 	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("int")
@@ -245,8 +247,10 @@ func TestSSH5BlackholePastLease(t *testing.T) {
 // 6. The controller SIGKILLed right after the launch: the job dies at its
 // lease; the ledger already held the run; settle records it.
 func TestSSH6ControllerKilled(t *testing.T) {
-	t.Parallel()
-	c := newCtlHarness(t)
+	eachLedger(t, testSSH6ControllerKilled)
+}
+
+func testSSH6ControllerKilled(t *testing.T, c *ctlHarness) {
 	k := c.start("killed", []string{"--lease", "120s", "--grace", "1s"}, sleepTree...)
 	c.waitRunning("killed")
 	k.signal(t, syscall.SIGKILL)
@@ -255,9 +259,10 @@ func TestSSH6ControllerKilled(t *testing.T) {
 		t.Errorf("ledger after the kill: %+v", r)
 	}
 	// The killed controller could not remove its ssh log directory; it is
-	// in the ledger beside the record (not in /tmp), for settle to remove.
-	if left, _ := filepath.Glob(filepath.Join(c.ledger, ".ssh-killed-*")); len(left) != 1 {
-		t.Errorf("ssh log directories of the killed controller in the ledger: %v, want one", left)
+	// beside the records of a files ledger (not in /tmp), in the local
+	// state directory with a database, for settle to remove.
+	if left, _ := filepath.Glob(filepath.Join(c.sshLogDir(), ".ssh-killed-*")); len(left) != 1 {
+		t.Errorf("ssh log directories of the killed controller in %s: %v, want one", c.sshLogDir(), left)
 	}
 	// Nobody renews any more; the lease is ended on demand rather than
 	// raced (a 3 s lease could pass before the run was seen running on a
@@ -269,8 +274,8 @@ func TestSSH6ControllerKilled(t *testing.T) {
 		t.Errorf("settle --all: exit %d: %s", code, out)
 	}
 	c.wantSettled("killed", "cancelled", "lease", 124)
-	if left, _ := filepath.Glob(filepath.Join(c.ledger, ".ssh-*")); len(left) != 0 {
-		t.Errorf("ssh log directories left in the ledger after settle: %v", left)
+	if left, _ := filepath.Glob(filepath.Join(c.sshLogDir(), ".ssh-*")); len(left) != 0 {
+		t.Errorf("ssh log directories left after settle: %v", left)
 	}
 }
 
@@ -308,8 +313,10 @@ func TestSSH7TwoControllersOneCancelled(t *testing.T) {
 // 8. The host unreachable at launch: exit 255; settle once it is back
 // says not_started.
 func TestSSH8UnreachableAtLaunch(t *testing.T) {
-	t.Parallel()
-	c := newCtlHarness(t)
+	eachLedger(t, testSSH8UnreachableAtLaunch)
+}
+
+func testSSH8UnreachableAtLaunch(t *testing.T, c *ctlHarness) {
 	c.rl.Blackhole(true)
 	k := c.start("nohost", []string{"--lease", "120s", "--give-up", "3s"}, "true")
 	if code := k.wait(t); code != 255 {
@@ -364,8 +371,10 @@ func TestSSHNoAgentWrapAndDuplicateID(t *testing.T) {
 // its ConnectTimeout, 2 s here; the relay is healed only after that, so the
 // held bytes of that connection cannot start the run late.)
 func TestSSHCancelBeforeLaunch(t *testing.T) {
-	t.Parallel()
-	c := newCtlHarness(t)
+	eachLedger(t, testSSHCancelBeforeLaunch)
+}
+
+func testSSHCancelBeforeLaunch(t *testing.T, c *ctlHarness) {
 	c.rl.Blackhole(true)
 	k := c.start("early", []string{"--rsh", c.rsh("-o", "ConnectTimeout=2"), "--lease", "120s", "--give-up", "60s"}, "true")
 	c.waitEvent("early", "detached", 0)
@@ -388,18 +397,19 @@ func TestSSHCancelBeforeLaunch(t *testing.T) {
 // output delivered), settle records the run's own outcome. Its ssh clients
 // die with it.
 func TestSSHKilledAtEachMoment(t *testing.T) {
-	t.Parallel()
-	c := newCtlHarness(t)
-	job := []string{"sh", "-c", "echo x; sleep 1; exit 4"}
+	eachLedger(t, testSSHKilledAtEachMoment)
+}
+
+func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
+	// Long enough after its output that a loaded machine still finds the
+	// controller alive at each moment.
+	job := []string{"sh", "-c", "echo x; sleep 4; exit 4"}
 	for _, m := range []struct {
 		id   string
 		when func(id string, k *ctl) bool
 	}{
 		{"kill-claimed", func(id string, k *ctl) bool { _, err := os.Stat(filepath.Join(c.root, id)); return err == nil }},
-		{"kill-running", func(id string, k *ctl) bool {
-			b, _ := os.ReadFile(filepath.Join(c.ledger, id+".json"))
-			return strings.Contains(string(b), `"state": "running"`)
-		}},
+		{"kill-running", func(id string, k *ctl) bool { return c.ledgerState(id) == ledger.Running }},
 		{"kill-output", func(id string, k *ctl) bool { return k.stdout() == "x\n" }},
 	} {
 		k := c.start(m.id, longLease, job...)

@@ -26,8 +26,9 @@ import (
 type ctlHarness struct {
 	*harness
 	rl     *relay.Relay
-	ledger string
+	ledger string // a directory, or a database's URL (newPGCtlHarness)
 	events string
+	env    []string // added to the environment of the binary's runs
 }
 
 func newCtlHarness(t *testing.T, opts ...sshtest.Option) *ctlHarness {
@@ -70,23 +71,33 @@ func (c *ctlHarness) start(id string, flags []string, argv ...string) *ctl {
 // startTo is start with the destination dest.
 func (c *ctlHarness) startTo(dest, id string, flags []string, argv ...string) *ctl {
 	c.t.Helper()
+	return startCtlEnv(c.t, c.env, c.sshArgs(dest, id, flags, argv...))
+}
+
+// sshArgs are the arguments of `agent-wrap ssh` to dest for run id.
+func (c *ctlHarness) sshArgs(dest, id string, flags []string, argv ...string) []string {
 	args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", bin, "--remote-root", c.root,
 		"--ledger", c.ledger, "--events", c.events, "--id", id}
 	args = append(args, flags...)
 	args = append(args, dest, "--")
-	args = append(args, argv...)
-	return startCtl(c.t, args)
+	return append(args, argv...)
 }
 
 // startCtl starts bin with args in a process group of its own, its output
 // kept; cleanup kills it if it still runs.
 func startCtl(t *testing.T, args []string) *ctl {
 	t.Helper()
+	return startCtlEnv(t, nil, args)
+}
+
+// startCtlEnv is startCtl with env added to the test's environment.
+func startCtlEnv(t *testing.T, env, args []string) *ctl {
+	t.Helper()
 	k := &ctl{done: make(chan struct{})}
 	k.cmd = exec.Command(bin, args...)
 	// The controller's ControlMasters (--mux auto) in a directory of this
 	// test's, not the user's machine-wide one.
-	k.cmd.Env = append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t))
+	k.cmd.Env = append(append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t)), env...)
 	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
 	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -158,6 +169,9 @@ func (k *ctl) attachClient() int {
 // ledgerRec reads the run's ledger record.
 func (c *ctlHarness) ledgerRec(id string) ledger.Record {
 	c.t.Helper()
+	if ledger.IsURL(c.ledger) {
+		return *pgRec(c.t, c.ledger, id)
+	}
 	var r ledger.Record
 	b, err := os.ReadFile(filepath.Join(c.ledger, id+".json"))
 	if err != nil {
@@ -221,6 +235,7 @@ func (c *ctlHarness) treeGone(id string) {
 func (c *ctlHarness) settle(args ...string) (int, string) {
 	c.t.Helper()
 	cmd := exec.Command(bin, append([]string{"settle", "--ledger", c.ledger}, args...)...)
+	cmd.Env = append(os.Environ(), c.env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()

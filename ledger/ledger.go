@@ -1,41 +1,43 @@
 // Package ledger is the controller's record of the runs it started on other
-// hosts: one file, RUN_ID.json, per run, in a directory kept under the same
-// safety rules as a run root (a real directory, owned by the effective user,
-// not writable by group or others, mode 0700 when created).
+// hosts. It has two backends behind one interface, Store:
 //
-// What it guarantees:
-//   - Create and Update return only once the record is on disk: the record
-//     is written to a temporary file in the ledger directory, fsynced, put
-//     in place (Create: link(2); Update: a renameio pending file's rename),
-//     and the directory is fsynced. A controller killed at any moment
-//     leaves either the previous record or the new one, never a mix, and a
-//     record that Create returned for is never lost to a crash.
-//   - Create claims the ID: it fails with ErrExists, touching nothing, when
-//     the ledger already holds a record of that ID (link(2) of the synced
-//     temporary file, which fails if the name exists).
-//   - Files are created 0600 and read without following symlinks; a record
-//     that is a symlink or someone else's is refused with rundir.ErrUnsafe.
+//   - Files (the default, nothing to set up): one file, RUN_ID.json, per run,
+//     in a directory kept under the same safety rules as a run root (a real
+//     directory, owned by the effective user, not writable by group or
+//     others, mode 0700 when created). See Ledger.
+//   - PostgreSQL, for a fleet of runners sharing one ledger: a
+//     postgres:// or postgresql:// URL (libpq conventions). See Postgres.
 //
-// What it does not do: it serialises nothing between two processes updating
-// the same record. One controller owns a run while it runs; settle writes
-// only records that are not being driven (see the controller package).
+// Both keep the same records, in the same states, under the same rules:
+//   - Create and Update return only once the record is durable (files:
+//     fsynced file and directory; PostgreSQL: a committed transaction). A
+//     controller killed at any moment leaves either the previous record or
+//     the new one, never a mix.
+//   - Create claims the ID: it fails with ErrExists, writing nothing, when
+//     the ledger already holds a record of that ID.
+//   - One owner. The controller that created a run owns it (Record.
+//     Controller) and renews Record.HeartbeatAt while it drives it
+//     (Heartbeat, one write for all its runs). Its Update fails with ErrLost,
+//     writing nothing, once the stored record is settled: a settle by
+//     someone else is never overwritten.
+//   - Claim takes a run for settling, exclusively: a second Claim of the
+//     same run while the first holds it fails with ErrBusy (PostgreSQL:
+//     SELECT ... FOR UPDATE SKIP LOCKED; files: a lock file), and the
+//     settling write is made under the claim.
+//
+// Whether an owner is gone is OwnerGone's judgement: the same machine (host
+// name and boot ID) asks its process table; any other asks the heartbeat's
+// age against the run's give-up time.
 package ledger
 
 import (
+	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
-
-	"github.com/google/renameio/v2"
-	"golang.org/x/sys/unix"
-
-	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
 // States of a ledger record, in the order a run passes through them.
@@ -75,6 +77,9 @@ type Record struct {
 	RemotePID  int      `json:"remote_pid,omitempty"`
 	RemotePGID int      `json:"remote_pgid,omitempty"`
 	BootID     string   `json:"boot_id,omitempty"`
+	// HTTP are the run's credential gateways (agent-wrap ssh --http), without
+	// their secrets.
+	HTTP []HTTPGateway `json:"http,omitempty"`
 	// StdoutBytes and StderrBytes count what the controller delivered of
 	// each stream (the offsets a reattach starts from), as of the last update.
 	StdoutBytes int64     `json:"stdout_bytes,omitempty"`
@@ -87,6 +92,16 @@ type Record struct {
 	ControllerStart uint64 `json:"controller_start,omitempty"` // its start time, clock ticks since boot
 	// CancelRequested stays true once INT, TERM or HUP reached the controller.
 	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// Controller is the run's owner, the controller that created it; it
+	// stays in the record once the run is settled. HeartbeatAt is when the
+	// owner last said it drives the run; GiveUp is the owner's --give-up in
+	// seconds, past which a silent owner elsewhere counts as gone.
+	Controller  *Owner    `json:"controller,omitempty"`
+	HeartbeatAt time.Time `json:"heartbeat_at,omitzero"`
+	GiveUp      float64   `json:"give_up_seconds,omitempty"`
+	// SettledBy is the process that settled the run when it was not the
+	// owner: a settle, here or on another machine.
+	SettledBy *Owner `json:"settled_by,omitempty"`
 }
 
 // Code returns the exit code a controller gives for the record: the run's
@@ -111,20 +126,195 @@ func (r *Record) MarkSettled(outcome string, code int, cause, reason string) {
 	r.ControllerPID, r.ControllerStart = 0, 0
 }
 
-// ErrExists is returned by Create when the ledger already holds the run ID.
-var ErrExists = errors.New("run ID already in the ledger")
+// Driven reports whether the record says a controller is driving the run:
+// not settled, and not released by its controller (which clears
+// ControllerPID when it gives up).
+func (r *Record) Driven() bool { return r.State != Settled && r.ControllerPID > 0 }
 
-// ErrNoRecord is returned by Read for a run ID the ledger does not hold.
-var ErrNoRecord = errors.New("no such run in the ledger")
-
-// Ledger is an opened, checked ledger directory.
-type Ledger struct {
-	Path string
+// Owner names one controller process: host name, boot ID, PID and start
+// time (clock ticks since boot), the four together unique across a fleet.
+type Owner struct {
+	Host   string `json:"host"`
+	BootID string `json:"boot_id,omitempty"`
+	PID    int    `json:"pid"`
+	Start  uint64 `json:"start,omitempty"`
 }
 
-// Resolve returns the ledger directory: flag, else $AGENT_WRAP_LEDGER,
-// else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger.
-// The result is absolute.
+// String is HOST:PID, how --controller names a process.
+func (o *Owner) String() string { return fmt.Sprintf("%s:%d", o.Host, o.PID) }
+
+// SameMachine reports whether o and p run on one machine in one boot.
+func (o *Owner) SameMachine(p *Owner) bool {
+	return o != nil && p != nil && o.Host == p.Host && o.BootID != "" && o.BootID == p.BootID
+}
+
+// Match reports whether o is selected by --controller sel: HOST (any of
+// its processes) or HOST:PID.
+func (o *Owner) Match(sel string) bool {
+	if o == nil {
+		return false
+	}
+	host, pid, hasPID := strings.Cut(sel, ":")
+	return host == o.Host && (!hasPID || pid == fmt.Sprint(o.PID))
+}
+
+// OwnerGone reports whether the run's owner no longer drives it, judged by
+// self at now (the ledger's clock: the database's for PostgreSQL). alive
+// answers for a process of this machine (PID and start time). The rules:
+//   - released (not Driven): gone;
+//   - an owner on this machine (host and boot ID), or a record without an
+//     owner's identity: gone when its process is;
+//   - an owner elsewhere: gone when its heartbeat (else its last write) is
+//     older than the run's give-up time.
+func OwnerGone(r *Record, self *Owner, now time.Time, alive func(pid int, start uint64) bool) bool {
+	if !r.Driven() {
+		return true
+	}
+	if r.Controller == nil || r.Controller.SameMachine(self) {
+		if self != nil && r.ControllerPID == self.PID && (r.ControllerStart == 0 || r.ControllerStart == self.Start) {
+			return true // this very process, which does not drive it
+		}
+		return alive == nil || !alive(r.ControllerPID, r.ControllerStart)
+	}
+	last := r.HeartbeatAt // every write of the owner's is a heartbeat too
+	if last.IsZero() {
+		last = r.UpdatedAt
+	}
+	return now.Sub(last) > r.GiveUpAfter()
+}
+
+// GiveUpAfter is the run's give-up time: as recorded, else the default
+// (lease + grace + 30 s).
+func (r *Record) GiveUpAfter() time.Duration {
+	if r.GiveUp > 0 {
+		return time.Duration(r.GiveUp * float64(time.Second))
+	}
+	return time.Duration((r.Lease+r.Grace)*float64(time.Second)) + 30*time.Second
+}
+
+// Errors of the ledger, whichever the backend.
+var (
+	// ErrExists is returned by Create when the ledger already holds the run ID.
+	ErrExists = errors.New("run ID already in the ledger")
+	// ErrNoRecord is returned by Read for a run ID the ledger does not hold.
+	ErrNoRecord = errors.New("no such run in the ledger")
+	// ErrLost is returned by an owner's Update of a run settled by someone
+	// else: nothing was written.
+	ErrLost = errors.New("the run was settled by someone else")
+	// ErrBusy is returned by Claim for a run another settle holds.
+	ErrBusy = errors.New("another settle holds the run")
+	// ErrBadURL: the ledger URL does not parse.
+	ErrBadURL = errors.New("bad ledger URL")
+	// ErrDenied: the database refused the login or the access
+	// (authentication, pg_hba.conf, privileges).
+	ErrDenied = errors.New("the database refused access")
+	// ErrUnreachable: no answer from the database (nothing listening, a
+	// broken connection, a server shutting down). Worth retrying.
+	ErrUnreachable = errors.New("cannot reach the ledger's database")
+	// ErrNoSchema: the database holds no ledger yet ('agent-wrap ledger init').
+	ErrNoSchema = errors.New("the database holds no agent-wrap ledger")
+	// ErrSchema: the ledger's schema is not the one this agent-wrap knows
+	// (newer, or older and not migrated).
+	ErrSchema = errors.New("the ledger's schema is not this agent-wrap's")
+)
+
+// Store is a ledger: files or PostgreSQL. Its methods are safe for
+// concurrent use (a Postgres serves them one at a time on its connection).
+type Store interface {
+	// Create writes the first record of a run, durably; ErrExists if the
+	// ID is taken (nothing written).
+	Create(ctx context.Context, r *Record) error
+	// Update replaces the run's record, durably, as its owner: ErrLost
+	// (nothing written) when the stored record is settled.
+	Update(ctx context.Context, r *Record) error
+	// Read returns the run's record; ErrNoRecord if the ledger has none.
+	Read(ctx context.Context, id string) (*Record, error)
+	// List returns the records f selects, sorted by run ID. A record that
+	// cannot be read is left out and named in the error, which comes with
+	// the others.
+	List(ctx context.Context, f Filter) ([]*Record, error)
+	// Heartbeat sets heartbeat_at to now for those of the runs ids that o
+	// drives and that are not settled, in one write.
+	Heartbeat(ctx context.Context, o *Owner, ids []string) error
+	// Claim takes run id for settling: ErrBusy when another holds it,
+	// ErrNoRecord when there is none. The caller ends it with Settle or
+	// Release.
+	Claim(ctx context.Context, id string) (*Claim, error)
+	// String names the ledger for messages: a path, or the URL without
+	// its password.
+	String() string
+	Close() error
+}
+
+// Filter selects records for List.
+type Filter struct {
+	Controller string // HOST or HOST:PID (Owner.Match); "": all
+	Unsettled  bool   // only runs not settled, or settled unknown (what settle may learn more of)
+}
+
+func (f Filter) match(r *Record) bool {
+	if f.Controller != "" && !r.Controller.Match(f.Controller) {
+		return false
+	}
+	return !f.Unsettled || r.State != Settled || r.Outcome == Unknown
+}
+
+// Claim is a run taken for settling: Record as stored, Now the ledger's
+// clock at the claim (for OwnerGone).
+type Claim struct {
+	Record  *Record
+	Now     time.Time
+	settle  func(ctx context.Context, r *Record) error
+	release func()
+	done    bool
+}
+
+// Settle writes r, the settled record, under the claim and ends it.
+func (c *Claim) Settle(ctx context.Context, r *Record) error {
+	if c.done {
+		return errors.New("ledger: the claim has ended")
+	}
+	c.done = true
+	return c.settle(ctx, r)
+}
+
+// Release ends the claim without writing; after Settle it does nothing.
+func (c *Claim) Release() {
+	if !c.done {
+		c.done = true
+		c.release()
+	}
+}
+
+// IsURL reports whether s names a PostgreSQL ledger rather than a directory.
+func IsURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+// Open opens the ledger s names for a short command: a postgres:// or
+// postgresql:// URL (one connection, the schema checked), else a
+// directory (OpenFiles; create makes it).
+func Open(ctx context.Context, s string, create bool) (Store, error) {
+	if IsURL(s) {
+		return OpenPostgres(ctx, s, false)
+	}
+	return OpenFiles(s, create)
+}
+
+// OpenForController opens the ledger s names for a controller, which
+// writes from many goroutines and keeps going while a database is away: a
+// URL gets its connection at the first call (and again after it breaks);
+// a directory is made if missing.
+func OpenForController(ctx context.Context, s string) (Store, error) {
+	if IsURL(s) {
+		return OpenPostgres(ctx, s, true)
+	}
+	return OpenFiles(s, true)
+}
+
+// Resolve returns the ledger: flag, else $AGENT_WRAP_LEDGER, else
+// $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger.
+// A directory comes back absolute, a URL as it is.
 func Resolve(flag string, getenv func(string) string) (string, error) {
 	p := flag
 	if p == "" {
@@ -142,20 +332,10 @@ func Resolve(flag string, getenv func(string) string) (string, error) {
 		}
 		p = filepath.Join(home, ".local", "state", "agent-wrap", "ledger")
 	}
-	return filepath.Abs(p)
-}
-
-// Open checks the ledger directory at path with the run root's rules
-// (rundir.OpenRoot), creating it (mode 0700) when create is set. A missing
-// ledger without create is an error wrapping os.ErrNotExist; an unsafe one
-// wraps rundir.ErrUnsafe.
-func Open(path string, create bool) (*Ledger, error) {
-	r, err := rundir.OpenRoot(path, create)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
+	if IsURL(p) {
+		return p, nil
 	}
-	r.Close()
-	return &Ledger{Path: path}, nil
+	return filepath.Abs(p)
 }
 
 // NewID returns a fresh run ID: 128 bits from crypto/rand, in lowercase
@@ -181,159 +361,4 @@ func NewID() string {
 		out.WriteByte(alphabet[(acc<<(5-bits))&31])
 	}
 	return out.String()
-}
-
-func (l *Ledger) path(id string) string { return filepath.Join(l.Path, id+".json") }
-
-// Create writes the first record of a run, durably, and fails with
-// ErrExists if the ledger already holds its ID.
-func (l *Ledger) Create(r *Record) error {
-	if err := rundir.ValidID(r.RunID); err != nil {
-		return err
-	}
-	r.Schema = 1
-	r.UpdatedAt = time.Now().UTC()
-	tmp, err := l.writeTemp(r)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	if err := os.Link(tmp, l.path(r.RunID)); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("run %s: %w (%s)", r.RunID, ErrExists, l.path(r.RunID))
-		}
-		return err
-	}
-	if err := os.Remove(tmp); err != nil {
-		return err
-	}
-	return l.syncDir()
-}
-
-// Update replaces the run's record: a renameio pending file in the ledger
-// directory, fsynced, renamed over the record, then the directory fsynced
-// (see the package doc).
-func (l *Ledger) Update(r *Record) error {
-	if err := rundir.ValidID(r.RunID); err != nil {
-		return err
-	}
-	if err := l.checkFile(r.RunID); err != nil && !errors.Is(err, ErrNoRecord) {
-		return err
-	}
-	r.Schema = 1
-	r.UpdatedAt = time.Now().UTC()
-	b, err := marshal(r)
-	if err != nil {
-		return err
-	}
-	t, err := renameio.NewPendingFile(l.path(r.RunID), renameio.WithTempDir(l.Path), renameio.WithStaticPermissions(0o600))
-	if err != nil {
-		return err
-	}
-	defer t.Cleanup()
-	if _, err := t.Write(b); err != nil {
-		return err
-	}
-	if err := t.CloseAtomicallyReplace(); err != nil {
-		return err
-	}
-	return l.syncDir()
-}
-
-func marshal(r *Record) ([]byte, error) {
-	b, err := json.MarshalIndent(r, "", "  ")
-	return append(b, '\n'), err
-}
-
-// writeTemp writes r to a new, fsynced temporary file in the ledger
-// directory and returns its path.
-func (l *Ledger) writeTemp(r *Record) (string, error) {
-	b, err := marshal(r)
-	if err != nil {
-		return "", err
-	}
-	f, err := os.CreateTemp(l.Path, "."+r.RunID+".tmp*")
-	if err != nil {
-		return "", err
-	}
-	name := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(name)
-		return "", err
-	}
-	return name, nil
-}
-
-func (l *Ledger) syncDir() error {
-	d, err := os.Open(l.Path)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return &os.PathError{Op: "fsync", Path: l.Path, Err: err}
-	}
-	return nil
-}
-
-// checkFile refuses a record file that is not a regular file of ours.
-func (l *Ledger) checkFile(id string) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(l.path(id), &st); err != nil {
-		if err == unix.ENOENT {
-			return fmt.Errorf("run %s: %w (%s)", id, ErrNoRecord, l.Path)
-		}
-		return &os.PathError{Op: "lstat", Path: l.path(id), Err: err}
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
-		return fmt.Errorf("ledger record %s is not a regular file of yours, private to you: %w", l.path(id), rundir.ErrUnsafe)
-	}
-	return nil
-}
-
-// Read returns the run's record; ErrNoRecord if the ledger has none.
-func (l *Ledger) Read(id string) (*Record, error) {
-	if err := rundir.ValidID(id); err != nil {
-		return nil, err
-	}
-	if err := l.checkFile(id); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(l.path(id), os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var r Record
-	if err := json.NewDecoder(f).Decode(&r); err != nil {
-		return nil, fmt.Errorf("ledger record %s: %w", l.path(id), err)
-	}
-	if r.RunID != id {
-		return nil, fmt.Errorf("ledger record %s names run %q", l.path(id), r.RunID)
-	}
-	return &r, nil
-}
-
-// List returns the run IDs the ledger holds, sorted.
-func (l *Ledger) List() ([]string, error) {
-	ents, err := os.ReadDir(l.Path)
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if ok && rundir.ValidID(id) == nil {
-			ids = append(ids, id)
-		}
-	}
-	sort.Strings(ids)
-	return ids, nil
 }

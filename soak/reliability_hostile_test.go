@@ -24,6 +24,7 @@ import (
 // the run ID, and ELSEWHERE a directory outside the root.
 var hostileCmds = [][]string{
 	{"status", "%s"},
+	{"show", "%s"},
 	{"cancel", "--wait", "10s", "%s"},
 	{"renew", "%s"},
 	{"watchdog", "--once"},

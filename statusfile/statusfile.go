@@ -116,6 +116,18 @@ type Record struct {
 	ControlSocket       string    `json:"control_socket,omitempty"`
 	HandoffGraceSeconds float64   `json:"handoff_grace_seconds,omitempty"`
 	Handoffs            []Handoff `json:"handoffs,omitempty"`
+	// HTTP are the run's credential gateways, by NAME, while and after
+	// they existed.
+	HTTP map[string]HTTPGateway `json:"http,omitempty"`
+}
+
+// HTTPGateway is one credential gateway of a run, as the job reaches it.
+// It holds no secret.
+type HTTPGateway struct {
+	URL      string   `json:"url"`      // http://127.0.0.1:PORT, the job's AGENT_WRAP_HTTP_<NAME>
+	Socket   string   `json:"socket"`   // its unix socket, AGENT_WRAP_HTTP_<NAME>_SOCKET
+	Upstream string   `json:"upstream"` // where requests go: scheme, host, prefix
+	Methods  []string `json:"methods"`  // forwarded methods; "*" is every one but CONNECT and TRACE
 }
 
 // Timestamp formats t as the record's times are: RFC 3339, UTC, nanoseconds.

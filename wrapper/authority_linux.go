@@ -105,6 +105,8 @@ func (s *supervisor) jobEnv() []string {
 			continue
 		case name == envAuthSock && s.scope.mode != AgentInherit:
 			continue
+		case s.httpDrops(name):
+			continue
 		}
 		out = append(out, kv)
 	}
@@ -115,7 +117,7 @@ func (s *supervisor) jobEnv() []string {
 	if s.scope.relay != nil {
 		out = append(out, envAuthSock+"="+s.scope.relay.Path())
 	}
-	return out
+	return append(out, s.httpEnv()...)
 }
 
 // markLive releases the requests waiting for the run to be recorded
@@ -154,6 +156,7 @@ func (s *supervisor) revokeAuthority() {
 		return
 	}
 	s.markLive()
+	s.revokeHTTP()
 	if s.scope.relay == nil {
 		return
 	}

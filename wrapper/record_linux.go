@@ -150,17 +150,22 @@ func (s *supervisor) writeFirstRecords(deadline int64) {
 // events.jsonl, opened at the first event and kept open until the run ends
 // (closeJournal).
 func (s *supervisor) appendJournal(event string, f journal.Fields, sync bool) error {
+	_, err := s.appendJournalSeq(event, f, sync)
+	return err
+}
+
+// appendJournalSeq is appendJournal returning the event's seq.
+func (s *supervisor) appendJournalSeq(event string, f journal.Fields, sync bool) (int64, error) {
 	s.journalMu.Lock()
 	defer s.journalMu.Unlock()
 	if s.jw == nil {
 		w, err := journal.Open(s.d)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		s.jw = w
 	}
-	_, err := s.jw.Append(event, f, sync)
-	return err
+	return s.jw.Append(event, f, sync)
 }
 
 func (s *supervisor) warn(format string, a ...any) {

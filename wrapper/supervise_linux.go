@@ -56,8 +56,9 @@ type supervisor struct {
 	// call: set when the job has started and at each recorded escape.
 	view atomic.Pointer[statusfile.Record]
 
-	scope *scope   // the run's authority (authority_linux.go)
-	ctl   *control // the run's control socket and handoffs (handoff_linux.go)
+	scope *scope     // the run's authority (authority_linux.go)
+	ctl   *control   // the run's control socket and handoffs (handoff_linux.go)
+	http  *httpScope // the run's HTTP gateways (http_linux.go)
 }
 
 // Run supervises one run from the claim of its ID to its final record. The
@@ -169,6 +170,10 @@ func (s *supervisor) run() *Result {
 	if err := s.startAuthority(); err != nil {
 		s.markLive()
 		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot scope the SSH agent to the run: %v (--agent inherit or none runs without a relay)", err))
+	}
+	if err := s.startHTTP(); err != nil {
+		s.revokeAuthority()
+		return s.launchFailed(exitLaunchFailed, fmt.Errorf("cannot start the HTTP gateways: %v", err))
 	}
 	s.startControl()
 	code, err := s.launch()

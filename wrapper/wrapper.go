@@ -35,6 +35,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
@@ -67,6 +68,10 @@ type Config struct {
 	// Agent is AgentScoped, AgentInherit, AgentNone, or "" (scoped). With
 	// no SSH_AUTH_SOCK in the process's environment every mode is none.
 	Agent string
+	// HTTP are the run's credential gateways, their secrets loaded
+	// (http_linux.go): each listens before the job starts and is revoked
+	// with the agent relay.
+	HTTP []*httpgw.Spec
 	// HandoffGrace is how long the stop waits for the runs a job handed on
 	// to other hosts (`agent-wrap ssh` inside the run) to confirm their
 	// cancel before the group is signalled; 0: Grace; negative: no wait.

@@ -6,20 +6,21 @@ import (
 	"testing"
 )
 
-// TestNoMethodLookupByName keeps packages that look methods up by name
-// through reflect out of the binary. The linker cannot tell which method
-// such a lookup will want, so it keeps every exported method of every type
-// the binary keeps: text/template in deploy alone cost 1.7 MiB of a 6.3 MiB
-// binary, against a 6 MiB limit (BENCHMARKS.md, "binary size").
-func TestNoMethodLookupByName(t *testing.T) {
+// TestPackagingOutOfBinary keeps the packaging tools out of the binary:
+// nfpm runs as `go tool nfpm` and ./packaging is a build program, so
+// neither (nor anything only they need) may be linked into agent-wrap.
+func TestPackagingOutOfBinary(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
-	for _, pkg := range strings.Fields(string(out)) {
-		switch pkg {
-		case "text/template", "html/template":
-			t.Errorf("the binary links %s; render with plain string code instead (see deploy.render)", pkg)
+	pkgs := strings.Fields(string(out))
+	if len(pkgs) < 50 {
+		t.Fatalf("go list -deps listed only %d packages", len(pkgs))
+	}
+	for _, pkg := range pkgs {
+		if strings.Contains(pkg, "goreleaser") || pkg == "github.com/agent-wrap/agent-wrap/packaging" {
+			t.Errorf("the binary links %s, a packaging tool", pkg)
 		}
 	}
 }

@@ -117,11 +117,27 @@ type Server struct {
 	start   uint64        // sshd's start time, clock ticks since boot
 	done    chan struct{} // closed once cmd.Wait has returned
 
-	defaultLimits bool // see DefaultLimits
+	defaultLimits   bool // see DefaultLimits
+	agentForwarding bool // see AllowAgentForwarding
 }
 
 // Option changes the server Start starts.
 type Option func(*Server)
+
+// AllowAgentForwarding lets clients forward their SSH agent (ssh -A, or
+// -o ForwardAgent=...): sshd then gives the session an SSH_AUTH_SOCK of its
+// own, which lives as long as the connection. Without it sshd refuses
+// (AllowAgentForwarding no). OpenSSH's client forwards nothing while
+// IdentityAgent is none, as SSHArgs sets it: a test that forwards names
+// its agent there.
+func AllowAgentForwarding(s *Server) { s.agentForwarding = true }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
 
 // DefaultLimits leaves sshd's per-connection session limit (MaxSessions
 // 10) and its throttling of unauthenticated connections (MaxStartups
@@ -260,7 +276,7 @@ func (s *Server) config(hostKey, authKeys string) string {
 		"SetEnv SHLVL=1",
 		"X11Forwarding no",
 		"AllowTcpForwarding no",
-		"AllowAgentForwarding no",
+		"AllowAgentForwarding " + yesNo(s.agentForwarding),
 		"PrintMotd no",
 		"PrintLastLog no",
 		"UseDNS no",

@@ -28,7 +28,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority", "nested", "fanout"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale", "fanout"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -36,6 +36,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "signloop" {
 		return signloop(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "httploop" {
+		return httploop(args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("awbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -160,6 +163,12 @@ func (r *runner) figure(name string) error {
 		return r.authority()
 	case "nested":
 		return r.nestedFigure()
+	case "http":
+		return r.httpFigure()
+	case "ledger":
+		return r.ledgerFigure()
+	case "scale":
+		return r.scale()
 	case "fanout":
 		return r.fanoutFigure()
 	}
