@@ -16,7 +16,7 @@ const manName = "run a command under a lease, stop its whole process tree for su
 
 // exitStatus is the man page's EXIT STATUS list: every code a command's
 // exit line names, once. docs/reference.md ("Exit codes") says the same at
-// more length.
+// more length; both agree with package exitcode's table (tests check).
 var exitStatus = []struct{ code, meaning string }{
 	{"0", "success: the job's own 0, a run completed or cancelled and confirmed, an answer given"},
 	{"1", "the command's own failure or refusal (renew refused, cancel not confirmed, a broken journal, an unreadable record); the message says which"},
@@ -25,8 +25,10 @@ var exitStatus = []struct{ code, meaning string }{
 	{"1-123", "run, wait, attach, ssh: the job's own exit code"},
 	{"64", "usage error; nothing was claimed or written"},
 	{"66", "no such run (or no run root at all)"},
+	{"69", "ledger, settle: a PostgreSQL ledger's database cannot be reached"},
 	{"70", "run: a launch failure other than 126 and 127"},
 	{"75", "run: the ID is taken by a live run or one whose outcome is unknown; wait: --timeout passed or the outcome is unknown; ssh: inside a run that is ending"},
+	{"77", "ssh, ledger, settle: the database refused the login or the access"},
 	{"78", "unsafe run root, run directory or ledger"},
 	{"124", "run, wait: the lease expired"},
 	{"125", "run: agent-wrap itself failed before the job could start; on a system that is not Linux, every host command"},

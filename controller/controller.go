@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/reconcile"
@@ -73,7 +74,7 @@ type Config struct {
 // the host ever claimed it (ledger: not_started): 143, as a cancelled run,
 // whichever of INT, TERM or HUP asked (a cancel after the launch is the
 // remote `cancel`, also 143).
-const exitCancelledBeforeLaunch = 143
+const exitCancelledBeforeLaunch = exitcode.TERM
 
 // Backoff bounds between reattach attempts: 0.2 s doubling to 5 s.
 const (
@@ -531,15 +532,9 @@ func (r *Run) detached(why string) {
 }
 
 // unambiguous reports whether an attach's exit code can only be the run's
-// own code of a finished run: not a code agent-wrap uses for itself (1, 64,
-// 66, 70, 75, 78, 125-127), nor one a cancel gives (124, 129, 130, 143).
-func unambiguous(code int) bool {
-	switch code {
-	case 1, 64, 66, 70, 75, 78, 124, 125, 126, 127, 129, 130, 143:
-		return false
-	}
-	return code >= 0 && code < 256
-}
+// own code of a finished run: not a code agent-wrap uses for itself, nor
+// one a cancel gives (exitcode.Confirm: the table's rows say which).
+func unambiguous(code int) bool { return !exitcode.Confirm(code) }
 
 // finish settles the run after its attach ended with code. done is false
 // when the run turns out to be live (attach ended early): follow it again.
