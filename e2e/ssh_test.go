@@ -401,7 +401,9 @@ func TestSSHKilledAtEachMoment(t *testing.T) {
 }
 
 func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
-	job := []string{"sh", "-c", "echo x; sleep 1; exit 4"}
+	// Long enough after its output that a loaded machine still finds the
+	// controller alive at each moment.
+	job := []string{"sh", "-c", "echo x; sleep 4; exit 4"}
 	for _, m := range []struct {
 		id   string
 		when func(id string, k *ctl) bool
