@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -763,7 +762,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 }
 
 // cancelLoop waits for Cancel, then for the launch, then sends
-// `cancel --wait` over new connections until the host confirms it.
+// `cancel --json --wait` over new connections until the host confirms it.
 func (r *Run) cancelLoop(ctx context.Context) {
 	select {
 	case <-r.cancelCh:
@@ -779,7 +778,7 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	wait := r.cfg.Grace + 30*time.Second
 	for ctx.Err() == nil {
 		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote("cancel", "--wait", wait.String(), r.cfg.ID), &out, &errb)
+		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote("cancel", "--json", "--wait", wait.String(), r.cfg.ID), &out, &errb)
 		if res.code == 0 {
 			line := strings.TrimSpace(out.String())
 			if f, ok := parseFinal(r.cfg.ID, line); ok {
@@ -835,46 +834,4 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 		c.onWrite()
 	}
 	return len(p), nil
-}
-
-// finalWord is a confirmed final record as `cancel` prints it.
-type finalWord struct {
-	state, cause string
-	code         int
-}
-
-// parseFinal reads cancel's confirmation, "ID: [already ]STATE[ (cause
-// CAUSE)], exit code N, survivors []". Only a terminal state with no
-// survivors is taken; anything else is left to reconcile.
-func parseFinal(id, line string) (finalWord, bool) {
-	var f finalWord
-	rest, ok := strings.CutPrefix(line, id+": ")
-	if !ok {
-		return f, false
-	}
-	rest = strings.TrimPrefix(rest, "already ")
-	head, tail, ok := strings.Cut(rest, ", exit code ")
-	if !ok {
-		return f, false
-	}
-	num, surv, ok := strings.Cut(tail, ", survivors ")
-	if !ok || surv != "[]" {
-		return f, false
-	}
-	code, err := strconv.Atoi(num)
-	if err != nil {
-		return f, false
-	}
-	state, cause, hasCause := strings.Cut(head, " (cause ")
-	if hasCause {
-		if cause, ok = strings.CutSuffix(cause, ")"); !ok {
-			return f, false
-		}
-	}
-	switch state {
-	case "finished", "cancelled", "launch_failed":
-	default:
-		return f, false
-	}
-	return finalWord{state: state, cause: cause, code: code}, true
 }
