@@ -71,7 +71,7 @@ func (e *Env) ledgerError(err error) int {
 // ledgerHint is ledgerError once the error itself was said.
 func (e *Env) ledgerHint(err error) int {
 	switch {
-	case rundir.IsUnsafe(err):
+	case errors.Is(err, rundir.ErrUnsafe):
 		e.hint("the ledger must be a real directory owned by you with mode 0700; fix it or choose another with --ledger")
 		return ExitUnsafeRoot
 	case errors.Is(err, os.ErrNotExist):
