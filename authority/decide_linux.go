@@ -97,8 +97,8 @@ type Member func(rec *statusfile.Record, pid int, start uint64) bool
 type Gate struct {
 	// Dir is the run's directory.
 	Dir *rundir.Dir
-	// Member judges the caller: InRun for a gateway outside the wrapper,
-	// the wrapper's own view inside it.
+	// Member judges the caller: membership.Found.Holds for a gateway
+	// outside the wrapper (authorize), the wrapper's own view inside it.
 	Member Member
 	// Append journals an event; nil appends through a descriptor opened
 	// for the line (journal.Append). The wrapper passes its own journal.
@@ -109,6 +109,19 @@ type Gate struct {
 // when accepted). The error is non-nil when the answer could not be
 // journaled (the decision is then a refusal) or the lock not taken.
 func (g Gate) Decide(a Action) (Decision, error) {
+	d := g.Dir
+	unlock, err := d.Lock()
+	if err != nil {
+		return Decision{RunID: d.ID, Decision: Refused, Reason: ReasonNoJournal}, err
+	}
+	defer unlock()
+	rec, err := statusfile.Read(d)
+	return g.decide(a, rec, err)
+}
+
+// decide is Decide once the lock is held and the record read under it (err:
+// the read's error).
+func (g Gate) decide(a Action, rec *statusfile.Record, err error) (Decision, error) {
 	d, member := g.Dir, g.Member
 	appendEvent := g.Append
 	if appendEvent == nil {
@@ -117,14 +130,6 @@ func (g Gate) Decide(a Action) (Decision, error) {
 		}
 	}
 	dec := Decision{RunID: d.ID, Decision: Refused}
-	unlock, err := d.Lock()
-	if err != nil {
-		dec.Reason = ReasonNoJournal
-		return dec, err
-	}
-	defer unlock()
-
-	rec, err := statusfile.Read(d)
 	deadline, derr := lease.ReadDeadline(d)
 	if derr == nil {
 		dec.DeadlineEpoch = deadline

@@ -58,7 +58,19 @@ func VmHWM(pid int) (int64, error) { return StatusBytes(pid, "VmHWM") }
 // StatusBytes returns a "kB" field of /proc/PID/status (VmHWM, VmRSS,
 // RssAnon, RssFile ...) in bytes.
 func StatusBytes(pid int, field string) (int64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	return procBytes(pid, "status", field)
+}
+
+// RollupBytes returns a "kB" field of /proc/PID/smaps_rollup (Pss,
+// Private_Clean, Private_Dirty ...) in bytes: Pss charges each shared page
+// to the processes that map it in equal parts, so the Pss of N wrappers
+// added up is what they cost the host together.
+func RollupBytes(pid int, field string) (int64, error) {
+	return procBytes(pid, "smaps_rollup", field)
+}
+
+func procBytes(pid int, file, field string) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/" + file)
 	if err != nil {
 		return 0, err
 	}
@@ -71,15 +83,15 @@ func StatusBytes(pid int, field string) (int64, error) {
 		}
 		f := bytes.Fields(line[len(prefix):])
 		if len(f) != 2 || string(f[1]) != "kB" {
-			return 0, fmt.Errorf("/proc/%d/status: odd %s line %q", pid, field, line)
+			return 0, fmt.Errorf("/proc/%d/%s: odd %s line %q", pid, file, field, line)
 		}
 		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/status: %v", pid, err)
+			return 0, fmt.Errorf("/proc/%d/%s: %v", pid, file, err)
 		}
 		return kb << 10, nil
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no %s (a zombie?)", pid, field)
+	return 0, fmt.Errorf("/proc/%d/%s: no %s (a zombie?)", pid, file, field)
 }
 
 // Pidfd is a process pinned by a pidfd (Linux 5.3): its exit is seen the

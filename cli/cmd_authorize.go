@@ -11,7 +11,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
-	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -86,19 +85,17 @@ func runAuthorize(e *Env, args []string) int {
 		return code
 	}
 	defer root.Close()
-	id, _, err := membership.Find(root, p, st.Start)
+	// One open of the run directory and one read of its record: Find
+	// hands back the run it found, locked, with the record it judged the
+	// caller by, and the decision is made under that lock, on that record.
+	run, err := membership.Find(root, p, st.Start)
 	if err != nil {
 		return noRun("no_run")
 	}
-	d, err := root.Open(id)
-	if err != nil {
-		e.errorf("%v", err)
-		return ExitFailure
-	}
-	defer d.Close()
-	waitStarted(d)
-	gate := authority.Gate{Dir: d, Member: authority.InRun}
-	dec, err := gate.Decide(authority.Action{Channel: *channel, Target: *target, CallerPID: p, CallerStart: st.Start})
+	defer run.Close()
+	readErr := waitStarted(run)
+	gate := authority.Gate{Dir: run.Dir, Member: run.Holds}
+	dec, err := gate.DecideHeld(authority.Action{Channel: *channel, Target: *target, CallerPID: p, CallerStart: st.Start}, run.Record, readErr)
 	_ = out.Encode(dec)
 	if err != nil {
 		e.errorf("%v", err)
@@ -124,15 +121,21 @@ func validChannel(s string) bool {
 
 // waitStarted waits while the run is still being started: a job may ask in
 // its first milliseconds, before the wrapper has recorded it running, and
-// that is not a refusal. It gives up after startWait; Decide then answers
-// from the record as it is.
-func waitStarted(d *rundir.Dir) {
+// that is not a refusal. Each look releases the run's lock, sleeps, and
+// takes it again with a fresh read (membership.Found.Relock); a run past
+// starting costs no look at all. It gives up after startWait, and returns
+// the last read's error; the decision is then made from the record as it
+// is, under the lock it leaves held.
+func waitStarted(run *membership.Found) error {
 	const startWait = 10 * time.Second
 	deadline := time.Now().Add(startWait)
-	for pause := time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 50*time.Millisecond) {
-		if rec, err := statusfile.Read(d); err != nil || rec.State != statusfile.Starting {
-			return
-		}
+	var err error
+	for pause := time.Millisecond; run.Record != nil && run.Record.State == statusfile.Starting && time.Now().Before(deadline); pause = min(2*pause, 50*time.Millisecond) {
+		run.Unlock()
 		time.Sleep(pause)
+		if err = run.Relock(); err != nil {
+			return err
+		}
 	}
+	return err
 }

@@ -5,6 +5,9 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -74,10 +77,7 @@ func runList(e *Env, args []string) int {
 		e.errorf("%v", err)
 		return ExitFailure
 	}
-	rows := make([]listRow, 0, len(ids))
-	for _, id := range ids {
-		rows = append(rows, listRowFor(root, id))
-	}
+	rows := listRows(root, ids)
 	if *asJSON {
 		enc := json.NewEncoder(e.Stdout)
 		enc.SetEscapeHTML(false)
@@ -108,7 +108,7 @@ func listRowFor(root *rundir.Root, id string) listRow {
 		return row
 	}
 	defer d.Close()
-	in := reconcile.Gather(d)
+	in := reconcile.GatherOutcome(d)
 	v := reconcile.Decide(in)
 	row.Outcome, row.Supervisor = v.Outcome, v.Supervisor
 	if v.Outcome == reconcile.Unknown {
@@ -172,4 +172,26 @@ func deref(p *int) int {
 		return 0
 	}
 	return *p
+}
+
+// listRows judges every run, on as many threads as the Go runtime runs
+// (GOMAXPROCS, at most 8): each run is its own files and one look at its
+// wrapper, independent of the others, and mostly waits on system calls, so
+// a root of a thousand live runs is listed in about the time it takes to
+// read their records. The rows keep the order of ids.
+func listRows(root *rundir.Root, ids []string) []listRow {
+	rows := make([]listRow, len(ids))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := min(runtime.GOMAXPROCS(0), 8, len(ids)); w > 0; w-- {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(ids); i = int(next.Add(1)) - 1 {
+				rows[i] = listRowFor(root, ids[i])
+			}
+		}()
+	}
+	wg.Wait()
+	return rows
 }

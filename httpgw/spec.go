@@ -42,7 +42,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -74,8 +73,20 @@ const (
 	SourceNone  = "none" // a policy-only gateway
 )
 
-// namePattern is what a gateway's NAME matches.
-var namePattern = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+// validName reports whether a gateway's NAME matches [a-z][a-z0-9-]{0,31}.
+// (A loop, not a regexp: a package-level regexp is compiled at every start
+// of the binary, whether a gateway is asked for or not.)
+func validName(name string) bool {
+	if len(name) == 0 || len(name) > 32 || name[0] < 'a' || name[0] > 'z' {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // Spec is one gateway, as the command line describes it.
 type Spec struct {
@@ -159,7 +170,7 @@ func Parse(f Flags) ([]*Spec, error) {
 		if !ok {
 			return nil, usage("write it as --http NAME=https://HOST[:PORT][/PREFIX]", "--http %q has no NAME=", v)
 		}
-		if !namePattern.MatchString(name) {
+		if !validName(name) {
 			return nil, usage("a gateway NAME is a lower-case letter, then up to 31 lower-case letters, digits or '-'", "--http: %q is not a gateway name", name)
 		}
 		if byName[name] != nil {

@@ -251,16 +251,34 @@ func TestFind(t *testing.T) {
 		p    proc.Stat
 		want string
 	}{{a, "run-a"}, {aChild, "run-a"}, {b, "run-b"}, {bEsc, "run-b"}} {
-		id, m, err := membership.Find(root, c.p.PID, c.p.Start)
-		if err != nil || id != c.want || m.PID != c.p.PID {
-			t.Fatalf("Find(%d) = %q, %+v, %v; want %s", c.p.PID, id, m, err, c.want)
+		f, err := membership.Find(root, c.p.PID, c.p.Start)
+		if err != nil {
+			t.Fatalf("Find(%d) = %v; want %s", c.p.PID, err, c.want)
 		}
+		if f.ID != c.want || f.Dir.ID != c.want || f.Record.RunID != c.want || f.Member.PID != c.p.PID || !f.Holds(f.Record, c.p.PID, c.p.Start) {
+			t.Fatalf("Find(%d) = %q (dir %q, record %q), member %+v; want %s", c.p.PID, f.ID, f.Dir.ID, f.Record.RunID, f.Member, c.want)
+		}
+		wantLocked(t, root, c.want)
+		f.Close()
 	}
-	if id, _, err := membership.Find(root, stranger.PID, stranger.Start); !errors.Is(err, membership.ErrNotMember) {
-		t.Fatalf("Find(a stranger) = %q, %v; want ErrNotMember", id, err)
+	if f, err := membership.Find(root, stranger.PID, stranger.Start); !errors.Is(err, membership.ErrNotMember) {
+		t.Fatalf("Find(a stranger) = %+v, %v; want ErrNotMember", f, err)
 	}
-	if id, _, err := membership.Find(root, a.PID, a.Start+1); !errors.Is(err, membership.ErrNotMember) {
-		t.Fatalf("Find(a PID with another start time) = %q, %v; want ErrNotMember", id, err)
+	if f, err := membership.Find(root, a.PID, a.Start+1); !errors.Is(err, membership.ErrNotMember) {
+		t.Fatalf("Find(a PID with another start time) = %+v, %v; want ErrNotMember", f, err)
+	}
+	// Nothing is left locked by a lookup that found nothing, or by Close.
+	for _, id := range []string{"run-a", "run-b"} {
+		d, err := root.Open(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unlock, busy := d.RLock(0)
+		if busy {
+			t.Fatalf("run %s is still locked after Find and Close", id)
+		}
+		unlock()
+		d.Close()
 	}
 }
 
@@ -299,7 +317,32 @@ func TestCgroup(t *testing.T) {
 	if err := statusfile.Write(d, rec, false); err != nil {
 		t.Fatal(err)
 	}
-	if id, _, err := membership.Find(root, esc.PID, esc.Start); err != nil || id != "run-c" {
-		t.Fatalf("Find(an escape in the cgroup) = %q, %v; want run-c", id, err)
+	f, err := membership.Find(root, esc.PID, esc.Start)
+	if err != nil || f.ID != "run-c" {
+		t.Fatalf("Find(an escape in the cgroup) = %+v, %v; want run-c", f, err)
+	}
+	wantLocked(t, root, "run-c")
+	// A record other than the one Find judged by is judged anew.
+	other := *f.Record
+	other.WrapperPID = os.Getpid() + 1 // not the wrapper the cgroup's name gives
+	if f.Holds(&other, esc.PID, esc.Start) {
+		t.Fatalf("Holds(a record whose wrapper the cgroup does not name) = true")
+	}
+	f.Close()
+}
+
+// wantLocked checks that run id's lock is held (by a Found): a second
+// opener cannot take it, even shared.
+func wantLocked(t *testing.T, root *rundir.Root, id string) {
+	t.Helper()
+	d, err := root.Open(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	unlock, busy := d.RLock(0)
+	if !busy {
+		unlock()
+		t.Fatalf("run %s: Find handed it back unlocked", id)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -116,14 +117,24 @@ func Scan() ([]Stat, error) {
 	return out, nil
 }
 
-// BootID returns this boot's ID from /proc/sys/kernel/random/boot_id.
+// BootID returns this boot's ID from /proc/sys/kernel/random/boot_id. It
+// is read once per process (a process never outlives its boot) and kept;
+// a failed read is not kept, so the next call tries again. Commands that
+// judge every run of a root compare it with each record.
 func BootID() (string, error) {
+	if id := bootID.Load(); id != nil {
+		return *id, nil
+	}
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return "", err
 	}
-	return strings.TrimSpace(string(b)), nil
+	id := strings.TrimSpace(string(b))
+	bootID.Store(&id)
+	return id, nil
 }
+
+var bootID atomic.Pointer[string]
 
 // Cmdline returns the argv of pid (empty for a zombie or kernel thread).
 func Cmdline(pid int) ([]string, error) {

@@ -28,13 +28,32 @@ const lockWait = time.Second
 // on meanwhile (the wrapper wrote its final record and exited between the
 // two looks, say), the evidence is gathered again, so a verdict never mixes
 // an old record with newer processes.
-func Gather(d *rundir.Dir) Input {
+func Gather(d *rundir.Dir) Input { return gather(d, true) }
+
+// GatherOutcome is Gather for a caller that needs the outcome, not all the
+// evidence (list): the process table is read only where the outcome
+// depends on it, for a cancelled run and for one whose wrapper is gone. A
+// run whose wrapper is alive (it is running, whatever its members) and a
+// finished one cost their files and one look at the wrapper's /proc
+// entry, not a scan of every process on the host, so listing N live runs
+// is not N scans of N processes. Members and Rejected are empty for them;
+// Decide gives the same outcome and supervisor as it would from Gather.
+// The record is read again after the processes only when they were
+// scanned: a record read before its wrapper was seen alive was the run's
+// state while the wrapper lived, and a terminal one never changes.
+func GatherOutcome(d *rundir.Dir) Input { return gather(d, false) }
+
+func gather(d *rundir.Dir, full bool) Input {
 	unlock, busy := d.RLock(lockWait)
 	defer unlock()
 	var in Input
 	for attempt := 0; attempt < 3; attempt++ {
-		in = gatherOnce(d)
+		var reread bool
+		in, reread = gatherOnce(d, full)
 		in.LockBusy = busy
+		if !reread {
+			break
+		}
 		again, err := statusfile.Read(d)
 		if sameState(in.Record, in.RecordErr, again, err) {
 			break
@@ -50,8 +69,11 @@ func sameState(a *statusfile.Record, aerr error, b *statusfile.Record, berr erro
 	return a.State == b.State && a.Cause == b.Cause && a.WrapperPID == b.WrapperPID && a.PGID == b.PGID
 }
 
-func gatherOnce(d *rundir.Dir) Input {
-	in := Input{RunID: d.ID, Now: time.Now()}
+// gatherOnce gathers the evidence once; reread says whether the record must
+// be read again to know it did not move on while the processes were looked
+// at: always, but where GatherOutcome skipped the look.
+func gatherOnce(d *rundir.Dir, full bool) (in Input, reread bool) {
+	in = Input{RunID: d.ID, Now: time.Now()}
 	if dl, err := lease.ReadDeadline(d); err == nil {
 		in.Deadline = dl
 	} else if !errors.Is(err, lease.ErrNoDeadline) {
@@ -63,35 +85,38 @@ func gatherOnce(d *rundir.Dir) Input {
 			err = fmt.Errorf("%s/%s is missing (the run may be starting, or its wrapper died before writing its first record)", d.Path, rundir.StatusFile)
 		}
 		in.RecordErr = err
-		return in
+		return in, true
 	}
 	in.Record = rec
 	boot, err := proc.BootID()
 	if err != nil {
 		in.MembersErr = fmt.Errorf("cannot read this boot's ID: %w", err)
-		return in
+		return in, true
 	}
 	if rec.BootID != boot {
 		in.BootChanged = true
-		return in
+		return in, true
 	}
 	in.WrapperAlive = membership.WrapperAlive(rec)
+	if !full && (in.WrapperAlive && !statusfile.Terminal(rec.State) || rec.State == statusfile.Finished || rec.State == statusfile.LaunchFailed) {
+		return in, false // the outcome does not depend on the members
+	}
 	switch err := membership.Check(rec); {
 	case errors.Is(err, membership.ErrNoGroup):
-		return in // never got a process group: nothing to look for
+		return in, true // never got a process group: nothing to look for
 	case err != nil:
 		in.MembersErr = err
-		return in
+		return in, true
 	}
 	targets, rejected, err := membership.Run{Record: rec}.Members()
 	if err != nil {
 		in.MembersErr = fmt.Errorf("cannot read the process table: %w", err)
-		return in
+		return in, true
 	}
 	in.Rejected = rejected
 	for _, t := range targets {
 		in.Members = append(in.Members, Member{PID: t.PID, PGID: t.PGID, SID: t.SID,
 			State: string(rune(t.State)), Comm: t.Comm, Escaped: t.Escaped})
 	}
-	return in
+	return in, true
 }

@@ -214,12 +214,41 @@ func AliveAs(pid int, start uint64) bool {
 	return err == nil && !st.Dead() && st.Start == start
 }
 
+// groupMembers is Members of the run's recorded group, unless the group's
+// number has been recycled since the run ended: when a live process at the
+// leader's PID has another start time than the recorded leader_start, the
+// group is someone else's (another test's, another program's) and none of
+// it is the run's. Members started before the leader are not the run's
+// either. Without a readable record naming the leader's start time it is
+// Members of the pgid file's group.
+func (r Run) groupMembers() []proc.Stat {
+	pg := r.PGID()
+	rec := r.Status()
+	if pg <= 1 {
+		return nil
+	}
+	if rec == nil || rec.LeaderStart == 0 {
+		// A test that broke the record: the pgid file is all there is.
+		return Members(pg)
+	}
+	if st, err := proc.ReadStat(pg); err == nil && st.Start != rec.LeaderStart {
+		return nil
+	}
+	var out []proc.Stat
+	for _, p := range Members(pg) {
+		if p.Start >= rec.LeaderStart {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // AssertGroupEmpty fails loudly, naming every survivor, if any process of
 // the run's recorded group or any recorded escaped descendant still runs.
 func (r Run) AssertGroupEmpty(t testing.TB) {
 	t.Helper()
 	var bad []string
-	for _, p := range Members(r.PGID()) {
+	for _, p := range r.groupMembers() {
 		argv, _ := proc.Cmdline(p.PID)
 		bad = append(bad, fmt.Sprintf("pid %d (%s) state %c in group %d", p.PID, strings.Join(argv, " "), p.State, p.PGID))
 	}
@@ -238,8 +267,8 @@ func (r Run) AssertGroupEmpty(t testing.TB) {
 // Kill kills whatever is left of the run, by its recorded group and escaped
 // PIDs (validated by start time) and its recorded wrapper: test cleanup.
 func (r Run) Kill() {
-	if pg := r.PGID(); pg > 1 && len(Members(pg)) > 0 {
-		_ = unix.Kill(-pg, unix.SIGKILL)
+	for _, p := range r.groupMembers() {
+		_ = stop.Signal(proc.Identity{PID: p.PID, Start: p.Start, PGID: p.PGID}, unix.SIGKILL)
 	}
 	if rec := r.Status(); rec != nil {
 		for _, e := range rec.Escaped {

@@ -77,14 +77,14 @@ func (r *runner) floorStart(fl, root string) error {
 		return err
 	}
 	a, f, ss, t := bench.Median(s[0]), bench.Median(s[1]), bench.Median(s[2]), bench.Median(s[3])
-	ratio, result := atMost(pairRatios(s[0], s[1]), 1.2)
+	ratio, result := atMost(pairRatios(s[0], s[1]), 1.1)
 	r.rows = append(r.rows, row{
 		figure:   "start of `true` against the floor",
 		measured: bench.Ms(a),
 		baseline: fmt.Sprintf("%s (floor); setsid %s, tini %s", bench.Ms(f), bench.Ms(ss), bench.Ms(t)),
 		ratio: fmt.Sprintf("%.2f× floor; %.2f× setsid, %.2f× tini",
 			ratio, bench.Median(pairRatios(s[0], s[2])), bench.Median(pairRatios(s[0], s[3]))),
-		target: "≤ 1.2× floor", limit: fmt.Sprintf("%.2f", ratio/1.2),
+		target: "≤ 1.1× floor", limit: fmt.Sprintf("%.2f", ratio/1.1),
 		pass: result,
 	})
 	r.detail("floor start, agent-wrap `run --no-stream --lease 0 ID -- true`: %s", spread(s[0], bench.Ms))
@@ -112,13 +112,13 @@ func (r *runner) floorCancel(fl, root string) error {
 		return err
 	}
 	term, f, cmd, ver, t := bench.Median(s[0]), bench.Median(s[1]), bench.Median(s[2]), bench.Median(s[3]), bench.Median(s[4])
-	ratio, result := atMost(pairRatios(s[0], s[1]), 1.3)
+	ratio, result := atMost(pairRatios(s[0], s[1]), 1.2)
 	r.rows = append(r.rows, row{
 		figure:   "TERM to a confirmed, recorded cancel, against the cancel floor",
 		measured: bench.Ms(term),
 		baseline: fmt.Sprintf("%s (floor); tini %s", bench.Ms(f), bench.Ms(t)),
 		ratio:    fmt.Sprintf("%.2f× floor; %.1f× tini", ratio, bench.Median(pairRatios(s[0], s[4]))),
-		target:   "≤ 1.3× floor", limit: fmt.Sprintf("%.2f", ratio/1.3),
+		target:   "≤ 1.2× floor", limit: fmt.Sprintf("%.2f", ratio/1.2),
 		pass: result,
 	})
 	// The command's own rounds: cancel[i] / (TERM[i] + version[i]).

@@ -150,6 +150,7 @@ func (r *runner) report(command string, started time.Time) string {
 	b.WriteString("\n## How each figure is measured\n\n")
 	b.WriteString(methods)
 	b.WriteString(floorMethods)
+	b.WriteString(scaleMethods)
 	b.WriteString("\n## Samples\n\n")
 	for _, d := range r.details {
 		fmt.Fprintf(&b, "- %s\n", d)
@@ -158,6 +159,7 @@ func (r *runner) report(command string, started time.Time) string {
 		b.WriteString("\n" + findings)
 	}
 	b.WriteString("\n" + floorFindings)
+	b.WriteString("\n" + hostFindings)
 	return b.String()
 }
 
@@ -186,7 +188,11 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
 - **memory**: the job writes 10 MB to stdout once a second for 10 s; VmHWM of
   the wrapper process itself (/proc/PID/status every 10 ms until it exits;
   not getrusage, whose children's figure would include the job). The largest
-  sample is reported. Baseline: tini's VmHWM under the same job.
+  sample is reported; beside it the peak RssAnon (private memory, what each
+  concurrent run costs; the rest of VmHWM is the binary's pages, shared
+  through the page cache), and the VmHWM of ` + "`agent-wrap wait --timeout 1s`" + ` on a
+  live run, the same binary started without the run path. Baseline: tini's
+  VmHWM and RssAnon under the same job.
 - **watchdog scan**: a root with N synthetic run directories (bench.Fixture:
   100 ` + "`running`" + ` runs with a deadline an hour ahead naming real live processes,
   the rest ` + "`finished`" + ` with a deadline an hour past), ` + "`agent-wrap watchdog --once`" + `
@@ -206,3 +212,9 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
 //
 //go:embed findings.md
 var findings string
+
+// hostFindings is the hand-written analysis of a host with many runs
+// (host.md): memory, authorize, list and watchdog, the scale figure.
+//
+//go:embed host.md
+var hostFindings string

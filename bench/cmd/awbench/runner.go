@@ -250,12 +250,18 @@ func twoSleeps(ds []proc.Stat) bool {
 	return len(ds) == 3 && bench.CountComm(ds, "sleep") == 2 && bench.CountComm(ds, "sh") == 1
 }
 
-// killGroupMembers KILLs what is left of process group pgid, judged by
-// /proc (a member must be in that group and started no earlier than
-// minStart), and reports how many it found.
-func killGroupMembers(pgid int, minStart uint64) int {
+// killGroupMembers KILLs what is left of process group pgid, whose leader
+// started at leaderStart, judged by /proc: a member must be in that group
+// and started no earlier than minStart, and the group number must not have
+// been recycled (a live process at PID pgid with another start time is a
+// new group's leader: then nothing in the group is ours). It reports how
+// many it found.
+func killGroupMembers(pgid int, leaderStart, minStart uint64) int {
 	all, err := proc.Scan()
 	if err != nil {
+		return 0
+	}
+	if groupRecycled(all, pgid, leaderStart) {
 		return 0
 	}
 	n := 0
@@ -266,4 +272,15 @@ func killGroupMembers(pgid int, minStart uint64) int {
 		}
 	}
 	return n
+}
+
+// groupRecycled reports whether the process now at PID pgid in the scan
+// all is not the group's leader that started at leaderStart.
+func groupRecycled(all []proc.Stat, pgid int, leaderStart uint64) bool {
+	for _, p := range all {
+		if p.PID == pgid {
+			return p.Start != leaderStart
+		}
+	}
+	return false
 }
