@@ -776,9 +776,10 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	}
 	b := backoff{}
 	wait := r.cfg.Grace + 30*time.Second
+	words := []string{"cancel", "--json", "--wait", wait.String(), r.cfg.ID}
 	for ctx.Err() == nil {
 		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote("cancel", "--json", "--wait", wait.String(), r.cfg.ID), &out, &errb)
+		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote(words...), &out, &errb)
 		if res.code == 0 {
 			line := strings.TrimSpace(out.String())
 			if f, ok := parseFinal(r.cfg.ID, line); ok {
@@ -791,8 +792,23 @@ func (r *Run) cancelLoop(ctx context.Context) {
 		if res.code == 66 {
 			return // no such run: nothing to cancel
 		}
+		if res.code == 64 && words[1] == "--json" && olderCancel(errb.String()) {
+			// An agent-wrap older than cancel --json: its plain cancel
+			// still stops the run and exits 0 only once it is confirmed
+			// terminal; the final record is then learned as after any
+			// cancel whose answer could not be read (wait, reconcile).
+			r.cfg.Notice(fmt.Sprintf("run %s: the agent-wrap on %s has no cancel --json (it is older than this controller): cancelling with its plain cancel; 'agent-wrap deploy %s' installs this version", r.cfg.ID, r.cfg.Dest, r.cfg.Dest))
+			words = append(words[:1:1], words[2:]...)
+			continue
+		}
 		b.wait(ctx)
 	}
+}
+
+// olderCancel reports whether a host's cancel refused --json as a flag it
+// does not know (pflag's words).
+func olderCancel(stderr string) bool {
+	return strings.Contains(stderr, "unknown flag: --json")
 }
 
 // backoff spaces reattach attempts: 0.2 s doubling to 5 s.
