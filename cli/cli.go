@@ -14,27 +14,30 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
-// Exit codes shared by every command (see docs/reference.md). A run's own outcome
-// (the job's code, 128+N, 124, 143, ...) is returned as is.
+// Exit codes shared by every command, by the names cli gives them: the
+// numbers and what they mean are package exitcode's table (and
+// docs/reference.md's). A run's own outcome (the job's code, 128+N, 124,
+// 143, ...) is returned as is.
 const (
-	ExitOK         = 0
-	ExitFailure    = 1
-	ExitRunning    = 3  // reconcile: some run is still running
-	ExitUnknown    = 4  // reconcile: some outcome is unknown
-	ExitUsage      = 64 // EX_USAGE
-	ExitNoRun      = 66 // EX_NOINPUT: no such run
-	ExitNoInput    = 66 // EX_NOINPUT: a --http secret or CA file is missing, unreadable, unsafe or empty
-	ExitSoftware   = 70 // EX_SOFTWARE: launch failure other than 126/127
-	ExitTempFail   = 75 // EX_TEMPFAIL: the ID is live or its outcome unknown
-	ExitUnsafeRoot = 78 // EX_CONFIG: the run root is unsafe
+	ExitOK         = exitcode.OK
+	ExitFailure    = exitcode.Failure
+	ExitRunning    = exitcode.Running  // reconcile: some run is still running
+	ExitUnknown    = exitcode.Unknown  // reconcile: some outcome is unknown
+	ExitUsage      = exitcode.Usage    // EX_USAGE
+	ExitNoRun      = exitcode.NoInput  // EX_NOINPUT: no such run
+	ExitNoInput    = exitcode.NoInput  // EX_NOINPUT: a --http secret or CA file is missing, unreadable, unsafe or empty
+	ExitSoftware   = exitcode.Software // EX_SOFTWARE: launch failure other than 126/127
+	ExitTempFail   = exitcode.TempFail // EX_TEMPFAIL: the ID is live or its outcome unknown
+	ExitUnsafeRoot = exitcode.Config   // EX_CONFIG: the run root is unsafe
 	// ExitCannot: agent-wrap itself failed before the job could start (the
 	// run root or run directory could not be made, the disk is full at the
 	// claim), as timeout, env and nohup use 125: a caller over ssh can tell
 	// it from every code a job or the shell gives.
-	ExitCannot = 125
+	ExitCannot = exitcode.Cannot
 )
 
 // Env is what a command sees of the world. Tests build one directly; main

@@ -21,7 +21,12 @@ func init() {
 		help: `With the run's wrapper alive, cancel records the cancel and TERMs the wrapper,
 which stops the job's process group (TERM, grace, KILL) and writes the final
 record. With the wrapper gone, cancel does that ordered stop itself, after
-validating every process it signals. A run already over is printed, untouched.`,
+validating every process it signals. A run already over is printed, untouched.
+
+With --json, cancel prints one JSON object instead of its line: run_id,
+outcome (confirmed, already, not_confirmed, refused or no_record), state,
+cause, exit_code, survivors, and reason when the outcome is not confirmed or
+already. The exit code is the same either way.`,
 		exits: "0 the run is terminal and nothing of it survived; 1 not confirmed within --wait, " +
 			"or processes outlived KILL; 66 no such run; 64 usage; 78 unsafe run root",
 		run: runCancel,
@@ -51,6 +56,7 @@ func runCancel(e *Env, args []string) int {
 	wait = durationValue(60 * time.Second)
 	fs.Var(&grace, "grace", "time `D` between TERM and KILL when cancel stops the run itself (default: the run's own grace)")
 	fs.Var(&wait, "wait", "how long `D` to wait for a confirmed final record (default 1m)")
+	asJSON := fs.Bool("json", false, "print one JSON object (run_id, outcome, state, cause, exit_code, survivors, reason) instead of the line")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -74,29 +80,46 @@ func runCancel(e *Env, args []string) int {
 		case errors.Is(err, stop.ErrNotConfirmed):
 			e.hint("check again with 'agent-wrap reconcile %s'", d.ID)
 		}
+		if *asJSON {
+			e.printCancelAnswer(failedCancelAnswer(d.ID, rep, err))
+		}
 		return ExitFailure
 	}
 	for _, r := range rep.Rejected {
 		e.errorf("run %s: %s", d.ID, r)
 	}
 	if rep.Already {
-		e.printFinal(rep.Record, "already")
+		if *asJSON {
+			e.printCancelAnswer(newCancelAnswer(d.ID, cancelAlready, rep.Record))
+		} else {
+			e.printFinal(rep.Record, "already")
+		}
 		return ExitOK
 	}
-	return e.confirm(rep.Record)
+	return e.confirm(rep.Record, *asJSON)
 }
 
-// confirm prints the final record's summary: exit 0 when the run is terminal
-// and nothing survived, 1 otherwise.
-func (e *Env) confirm(rec *statusfile.Record) int {
-	e.printFinal(rec, "")
-	if !statusfile.Terminal(rec.State) || len(rec.Survivors) > 0 {
-		if len(rec.Survivors) > 0 {
-			e.errorf("run %s: cleanup not confirmed: %v outlived KILL", rec.RunID, rec.Survivors)
-		}
-		return ExitFailure
+// confirm prints the final record's summary (asJSON: as cancel --json's
+// object): exit 0 when the run is terminal and nothing survived, 1
+// otherwise.
+func (e *Env) confirm(rec *statusfile.Record, asJSON bool) int {
+	if !asJSON {
+		e.printFinal(rec, "")
 	}
-	return ExitOK
+	a := newCancelAnswer(rec.RunID, cancelConfirmed, rec)
+	code := ExitOK
+	if !statusfile.Terminal(rec.State) || len(rec.Survivors) > 0 {
+		a.Outcome, a.Reason = cancelNotConfirmed, "the record is "+rec.State+", not terminal"
+		if len(rec.Survivors) > 0 {
+			a.Reason = fmt.Sprintf("cleanup not confirmed: %v outlived KILL", rec.Survivors)
+			e.errorf("run %s: %s", rec.RunID, a.Reason)
+		}
+		code = ExitFailure
+	}
+	if asJSON {
+		e.printCancelAnswer(a)
+	}
+	return code
 }
 
 func (e *Env) printFinal(rec *statusfile.Record, already string) {

@@ -82,7 +82,7 @@ func runLedgerShow(e *Env, args []string) int {
 			e.hint("'agent-wrap ledger' lists the runs of this ledger; pass the --ledger the run used")
 			return ExitNoRun
 		}
-		if rundir.IsUnsafe(err) {
+		if errors.Is(err, rundir.ErrUnsafe) {
 			e.hint("a ledger record must be a regular file of yours, mode 0600")
 			return ExitUnsafeRoot
 		}

@@ -149,7 +149,7 @@ func (l *logReader) copy() error {
 
 func (l *logReader) fail(err error) int {
 	l.e.errorf("run %s: %s: %v", l.d.ID, l.name, err)
-	if rundir.IsUnsafe(err) {
+	if errors.Is(err, rundir.ErrUnsafe) {
 		return ExitUnsafeRoot
 	}
 	return ExitFailure

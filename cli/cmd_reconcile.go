@@ -97,7 +97,7 @@ func verdictFor(root *rundir.Root, id string) (reconcile.Verdict, error) {
 		if errors.Is(err, rundir.ErrNoRun) {
 			return reconcile.Verdict{}, err
 		}
-		if rundir.IsUnsafe(err) {
+		if errors.Is(err, rundir.ErrUnsafe) {
 			err = fmt.Errorf("%v; nothing was read through it", err)
 		}
 		return reconcile.Decide(reconcile.Input{RunID: id, RecordErr: err}), nil

@@ -145,7 +145,7 @@ func runRun(e *Env, args []string) int {
 		}
 		// Nothing was started. The error names the run and the path.
 		e.errorf("run %s not started: %v", id, err)
-		if rundir.IsUnsafe(err) {
+		if errors.Is(err, rundir.ErrUnsafe) {
 			return ExitUnsafeRoot
 		}
 		e.hint("the job did not run and can be run again under the same ID once %s is writable (and has space), or choose another run root with --root DIR", root.Path)
@@ -245,7 +245,7 @@ func (e *Env) existingRun(root *rundir.Root, id string) int {
 	d, err := root.Open(id)
 	if err != nil {
 		e.errorf("run %s exists but cannot be opened: %v", id, err)
-		if rundir.IsUnsafe(err) {
+		if errors.Is(err, rundir.ErrUnsafe) {
 			return ExitUnsafeRoot
 		}
 		return ExitTempFail

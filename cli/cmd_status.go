@@ -51,7 +51,7 @@ func (e *Env) openRun(id string) (*rundir.Root, *rundir.Dir, int) {
 		case errors.Is(err, rundir.ErrNoRun):
 			e.hint("list the runs with 'agent-wrap list'")
 			return nil, nil, ExitNoRun
-		case rundir.IsUnsafe(err):
+		case errors.Is(err, rundir.ErrUnsafe):
 			e.hint("a run directory must be a real directory owned by you, mode 0700; nothing was read through it")
 			return nil, nil, ExitUnsafeRoot
 		}

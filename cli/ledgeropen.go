@@ -6,14 +6,15 @@ import (
 	"path/filepath"
 
 	"github.com/agent-wrap/agent-wrap/controller"
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
 // Exit codes of a PostgreSQL ledger (see docs/reference.md).
 const (
-	ExitUnavailable = 69 // EX_UNAVAILABLE: the ledger's database cannot be reached
-	ExitNoPerm      = 77 // EX_NOPERM: the database refused the login or the access
+	ExitUnavailable = exitcode.Unavailable // EX_UNAVAILABLE: the ledger's database cannot be reached
+	ExitNoPerm      = exitcode.NoPerm      // EX_NOPERM: the database refused the login or the access
 )
 
 const ledgerFlagUsage = "the ledger: a `DIR`, or a postgres:// URL (default $AGENT_WRAP_LEDGER, else $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger)"
@@ -70,7 +71,7 @@ func (e *Env) ledgerError(err error) int {
 // ledgerHint is ledgerError once the error itself was said.
 func (e *Env) ledgerHint(err error) int {
 	switch {
-	case rundir.IsUnsafe(err):
+	case errors.Is(err, rundir.ErrUnsafe):
 		e.hint("the ledger must be a real directory owned by you with mode 0700; fix it or choose another with --ledger")
 		return ExitUnsafeRoot
 	case errors.Is(err, os.ErrNotExist):

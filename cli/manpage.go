@@ -16,7 +16,7 @@ const manName = "run a command under a lease, stop its whole process tree for su
 
 // exitStatus is the man page's EXIT STATUS list: every code a command's
 // exit line names, once. docs/reference.md ("Exit codes") says the same at
-// more length.
+// more length; both agree with package exitcode's table (tests check).
 var exitStatus = []struct{ code, meaning string }{
 	{"0", "success: the job's own 0, a run completed or cancelled and confirmed, an answer given"},
 	{"1", "the command's own failure or refusal (renew refused, cancel not confirmed, a broken journal, an unreadable record); the message says which"},

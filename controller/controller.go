@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/reconcile"
@@ -79,7 +79,7 @@ type Config struct {
 // the host ever claimed it (ledger: not_started): 143, as a cancelled run,
 // whichever of INT, TERM or HUP asked (a cancel after the launch is the
 // remote `cancel`, also 143).
-const exitCancelledBeforeLaunch = 143
+const exitCancelledBeforeLaunch = exitcode.TERM
 
 // Backoff bounds between reattach attempts after the first, which is at
 // once: 0.2 s doubling to 5 s.
@@ -564,15 +564,9 @@ func (r *Run) detached(why string) {
 }
 
 // unambiguous reports whether an attach's exit code can only be the run's
-// own code of a finished run: not a code agent-wrap uses for itself (1, 64,
-// 66, 70, 75, 78, 125-127), nor one a cancel gives (124, 129, 130, 143).
-func unambiguous(code int) bool {
-	switch code {
-	case 1, 64, 66, 70, 75, 78, 124, 125, 126, 127, 129, 130, 143:
-		return false
-	}
-	return code >= 0 && code < 256
-}
+// own code of a finished run: not a code agent-wrap uses for itself, nor
+// one a cancel gives (exitcode.Confirm: the table's rows say which).
+func unambiguous(code int) bool { return !exitcode.Confirm(code) }
 
 // finish settles the run after its attach ended with code. done is false
 // when the run turns out to be live (attach ended early): follow it again.
@@ -801,7 +795,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 }
 
 // cancelLoop waits for Cancel, then for the launch, then sends
-// `cancel --wait` over new connections until the host confirms it.
+// `cancel --json --wait` over new connections until the host confirms it.
 func (r *Run) cancelLoop(ctx context.Context) {
 	select {
 	case <-r.cancelCh:
@@ -815,9 +809,10 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	}
 	b := backoff{}
 	wait := r.cfg.Grace + 30*time.Second
+	words := []string{"cancel", "--json", "--wait", wait.String(), r.cfg.ID}
 	for ctx.Err() == nil {
 		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote("cancel", "--wait", wait.String(), r.cfg.ID), &out, &errb)
+		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote(words...), &out, &errb)
 		if res.code == 0 {
 			line := strings.TrimSpace(out.String())
 			if f, ok := parseFinal(r.cfg.ID, line); ok {
@@ -830,8 +825,23 @@ func (r *Run) cancelLoop(ctx context.Context) {
 		if res.code == 66 {
 			return // no such run: nothing to cancel
 		}
+		if res.code == 64 && words[1] == "--json" && olderCancel(errb.String()) {
+			// An agent-wrap older than cancel --json: its plain cancel
+			// still stops the run and exits 0 only once it is confirmed
+			// terminal; the final record is then learned as after any
+			// cancel whose answer could not be read (wait, reconcile).
+			r.cfg.Notice(fmt.Sprintf("run %s: the agent-wrap on %s has no cancel --json (it is older than this controller): cancelling with its plain cancel; 'agent-wrap deploy %s' installs this version", r.cfg.ID, r.cfg.Dest, r.cfg.Dest))
+			words = append(words[:1:1], words[2:]...)
+			continue
+		}
 		b.wait(ctx)
 	}
+}
+
+// olderCancel reports whether a host's cancel refused --json as a flag it
+// does not know (pflag's words).
+func olderCancel(stderr string) bool {
+	return strings.Contains(stderr, "unknown flag: --json")
 }
 
 // backoff spaces reattach attempts: the first at once (a lost session is
@@ -882,46 +892,4 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 		c.onWrite()
 	}
 	return len(p), nil
-}
-
-// finalWord is a confirmed final record as `cancel` prints it.
-type finalWord struct {
-	state, cause string
-	code         int
-}
-
-// parseFinal reads cancel's confirmation, "ID: [already ]STATE[ (cause
-// CAUSE)], exit code N, survivors []". Only a terminal state with no
-// survivors is taken; anything else is left to reconcile.
-func parseFinal(id, line string) (finalWord, bool) {
-	var f finalWord
-	rest, ok := strings.CutPrefix(line, id+": ")
-	if !ok {
-		return f, false
-	}
-	rest = strings.TrimPrefix(rest, "already ")
-	head, tail, ok := strings.Cut(rest, ", exit code ")
-	if !ok {
-		return f, false
-	}
-	num, surv, ok := strings.Cut(tail, ", survivors ")
-	if !ok || surv != "[]" {
-		return f, false
-	}
-	code, err := strconv.Atoi(num)
-	if err != nil {
-		return f, false
-	}
-	state, cause, hasCause := strings.Cut(head, " (cause ")
-	if hasCause {
-		if cause, ok = strings.CutSuffix(cause, ")"); !ok {
-			return f, false
-		}
-	}
-	switch state {
-	case "finished", "cancelled", "launch_failed":
-	default:
-		return f, false
-	}
-	return finalWord{state: state, cause: cause, code: code}, true
 }

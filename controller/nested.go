@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/handoff"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -28,7 +29,7 @@ import (
 
 // exitOuterEnding is Follow's code for a nested run the outer run refused
 // to take on (it is ending), as for any launch after an intent: 75.
-const exitOuterEnding = 75
+const exitOuterEnding = exitcode.TempFail
 
 // leaseMargin is taken off the outer run's time left when the inner lease
 // is capped: the host rounds a deadline up to the whole second, and the

@@ -60,27 +60,6 @@ func TestUnambiguous(t *testing.T) {
 	}
 }
 
-func TestParseFinal(t *testing.T) {
-	for _, tc := range []struct {
-		line string
-		want finalWord
-		ok   bool
-	}{
-		{"r1: cancelled (cause cancel), exit code 143, survivors []", finalWord{"cancelled", "cancel", 143}, true},
-		{"r1: already finished, exit code 0, survivors []", finalWord{"finished", "", 0}, true},
-		{"r1: already cancelled (cause signal:TERM), exit code 143, survivors []", finalWord{"cancelled", "signal:TERM", 143}, true},
-		{"r1: cancelled (cause cancel), exit code 143, survivors [77]", finalWord{}, false},
-		{"r2: cancelled (cause cancel), exit code 143, survivors []", finalWord{}, false},
-		{"r1: running, exit code 0, survivors []", finalWord{}, false},
-		{"garbage", finalWord{}, false},
-	} {
-		got, ok := parseFinal("r1", tc.line)
-		if ok != tc.ok || got != tc.want {
-			t.Errorf("parseFinal(%q) = %+v, %v; want %+v, %v", tc.line, got, ok, tc.want, tc.ok)
-		}
-	}
-}
-
 func TestConfigMentions(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) string {

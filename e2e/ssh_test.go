@@ -479,3 +479,31 @@ func TestSSHHostWithoutAttach(t *testing.T) {
 		t.Errorf("the old host ran a job under the run ID \"attach\"")
 	}
 }
+
+// A host whose agent-wrap predates cancel --json (64, unknown flag): the
+// controller says so and cancels with the plain cancel, whose exit 0 is the
+// confirmation; the run's final record is learned as after any cancel.
+func TestSSHHostWithoutCancelJSON(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	old := filepath.Join(t.TempDir(), "old-agent-wrap")
+	script := "#!/bin/sh\n" +
+		"case \" $* \" in *' cancel --json '*) echo 'agent-wrap: cancel: unknown flag: --json' >&2; exit 64;; esac\n" +
+		"exec " + bin + " \"$@\"\n"
+	if err := os.WriteFile(old, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	k := c.start("oldcancel", []string{"--remote-bin", old, "--lease", "120s"}, sleepTree...)
+	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	c.waitRunning("oldcancel")
+	k.signal(t, syscall.SIGINT)
+	if code := k.wait(t); code != 143 {
+		t.Errorf("controller exit %d, want 143\nstderr: %s", code, k.stderr())
+	}
+	if !strings.Contains(k.stderr(), "has no cancel --json") {
+		t.Errorf("the controller did not say why it fell back: %s", k.stderr())
+	}
+	wantFinal(t, c.waitTerminal("oldcancel"), "cancelled", "cancel", 143)
+	c.treeGone("oldcancel")
+	c.wantSettled("oldcancel", "cancelled", "cancel", 143)
+}

@@ -1,6 +1,7 @@
-// Package lease holds a run's deadline: the deadline_epoch file, its
-// renewal, and the watchdog that stops runs whose lease expired after their
-// wrapper died.
+// Package lease holds a run's deadline: the deadline_epoch file and its
+// renewal (Renew). The wrapper enforces the deadline while it lives; the
+// watchdog that stops runs whose lease expired after their wrapper died is
+// package watchdog.
 //
 // A lease is final once it has expired: renewal after the deadline is
 // refused, as in etcd and Consul, so a controller that lost contact can

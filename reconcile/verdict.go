@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -118,9 +119,9 @@ type Verdict struct {
 
 // Exit codes of the reconcile command for one verdict.
 const (
-	exitDecided = 0 // completed or cancelled
-	exitRunning = 3
-	exitUnknown = 4
+	exitDecided = exitcode.OK // completed or cancelled
+	exitRunning = exitcode.Running
+	exitUnknown = exitcode.Unknown
 )
 
 // OutcomeExit maps an outcome to reconcile's exit code.

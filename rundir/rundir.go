@@ -45,7 +45,8 @@ func matchID(id string) bool {
 var ErrBadID = errors.New("invalid run ID")
 
 // ErrUnsafe is returned (wrapped) for a root or run directory that is a
-// symlink, owned by someone else or writable by group or others.
+// symlink, owned by someone else or writable by group or others. Ask with
+// errors.Is(err, ErrUnsafe).
 var ErrUnsafe = errors.New("unsafe")
 
 // ErrExists is returned by Root.Create when the ID is already claimed.

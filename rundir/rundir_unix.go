@@ -521,9 +521,6 @@ func (r *Root) RemoveAll(id string) error {
 	return os.RemoveAll(filepath.Join(r.Path, id))
 }
 
-// IsUnsafe reports whether err is a safety refusal.
-func IsUnsafe(err error) bool { return errors.Is(err, ErrUnsafe) }
-
 // ErrLocked is returned by Root.TryLock when another process holds the lock.
 var ErrLocked = errors.New("locked by another process")
 

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
@@ -44,7 +45,7 @@ const (
 
 // Exit codes a run returns for its causes.
 const (
-	ExitLease = 124
+	ExitLease = exitcode.Lease
 )
 
 // CauseExitCode is the code `run` and `wait` return for a run cancelled with
@@ -52,15 +53,15 @@ const (
 func CauseExitCode(c string) int {
 	switch c {
 	case CauseTERM, CauseCancel:
-		return 128 + 15
+		return exitcode.TERM
 	case CauseINT:
-		return 128 + 2
+		return exitcode.INT
 	case CauseHUP:
-		return 128 + 1
+		return exitcode.HUP
 	case CauseLease:
 		return ExitLease
 	}
-	return 1
+	return exitcode.Failure
 }
 
 // Terminal reports whether state is terminal.

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -21,11 +22,11 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// Launch failure exit codes, as a shell would return them.
+// Launch failure exit codes, as a shell would return them (exitcode's table).
 const (
-	exitNotFound      = 127
-	exitNotExecutable = 126
-	exitLaunchFailed  = 70
+	exitNotFound      = exitcode.NotFound
+	exitNotExecutable = exitcode.NotExecutable
+	exitLaunchFailed  = exitcode.Software
 )
 
 // launch starts the job in a new session and verifies that it has one.

@@ -70,7 +70,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -145,10 +144,22 @@ func yesNo(b bool) string {
 // both are 100, so that tests that open many connections are not refused.
 func DefaultLimits(s *Server) { s.defaultLimits = true }
 
+// T is what Start needs of its caller: a *testing.T or *testing.B (any
+// testing.TB), or a harness of its own outside a test (bench/cmd/awbench),
+// so that this package does not import testing.
+type T interface {
+	Helper()
+	Cleanup(func())
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	TempDir() string
+}
+
 // Start starts an sshd for this test and returns once a login works. See the
 // package doc for what it guarantees. It calls t.Skip or t.Fatal (see above)
 // when OpenSSH is not installed.
-func Start(t testing.TB, opts ...Option) *Server {
+func Start(t T, opts ...Option) *Server {
 	t.Helper()
 	if err := checkTools(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -234,7 +245,7 @@ func checkTools() error {
 }
 
 // keygen writes a new passphrase-less ed25519 key pair to path and path.pub.
-func keygen(t testing.TB, path, comment string) {
+func keygen(t T, path, comment string) {
 	t.Helper()
 	out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path).CombinedOutput()
 	if err != nil {
@@ -290,7 +301,7 @@ func (s *Server) config(hostKey, authKeys string) string {
 
 // launch starts sshd with config and waits until a login works. On failure it
 // stops what it started and returns why; on success it registers Cleanup.
-func (s *Server) launch(t testing.TB, config string) error {
+func (s *Server) launch(t T, config string) error {
 	t.Helper()
 	cmd := exec.Command(sshdPath, "-D", "-e", "-E", s.logPath, "-f", config)
 	// Its own process group, so a terminal's ^C reaches the test, not sshd.
@@ -354,7 +365,7 @@ func (s *Server) waitReady() error {
 
 // stop ends the listener by its PID and waits for it, then ends the
 // per-connection sshd processes it had forked.
-func (s *Server) stop(t testing.TB) {
+func (s *Server) stop(t T) {
 	select {
 	case <-s.done:
 		return

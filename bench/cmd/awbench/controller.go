@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/bench"
@@ -255,14 +254,14 @@ func (c *chunkClock) firstAfter(mark int) time.Time {
 	return time.Time{}
 }
 
-// benchTB is the testing.TB that internal/sshtest needs, outside a test:
+// benchTB is the sshtest.T that internal/sshtest needs, outside a test:
 // its temp dirs live in the scratch directory, its cleanups run with the
-// figure's, and a fatal error ends the figure with that error. The methods
-// sshtest does not call are not implemented (the embedded nil TB).
+// figure's, and a fatal error ends the figure with that error.
 type benchTB struct {
-	testing.TB
 	r *runner
 }
+
+var _ sshtest.T = (*benchTB)(nil)
 
 type benchFatal struct{ error }
 
