@@ -59,6 +59,7 @@ func runSSH(e *Env, args []string) int {
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	agent := fs.String("agent", "", "forward this controller's SSH agent to the job: `MODE` scoped (relayed only while the run is live and leased), inherit, or none (not forwarded); default: not passed, the host's run decides")
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
+	mux := fs.String("mux", controller.MuxAuto, "`MODE` auto: calls are sessions on agent-wrap's own ssh ControlMasters (unless the --rsh is not OpenSSH's or you set a ControlPath); off: a connection per call")
 	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -76,9 +77,12 @@ func runSSH(e *Env, args []string) int {
 	}
 	cfg := controller.Config{Dest: dest, RemoteBin: *remoteBin, RemoteRoot: *remoteRoot, ID: *id,
 		Grace: time.Duration(grace), RenewEvery: time.Duration(renewEvery), GiveUp: time.Duration(giveUp),
-		Stdout: e.Stdout, Stderr: e.Stderr,
+		Stdout: e.Stdout, Stderr: e.Stderr, Mux: *mux, MuxDir: controller.MuxDir(e.Getenv),
 		// Inside a run, the run started here is a handoff of that run.
 		Control: e.Getenv(handoff.EnvControl), OuterRunID: e.Getenv(handoff.EnvRunID)}
+	if *mux != controller.MuxAuto && *mux != controller.MuxOff {
+		return e.usageError("ssh: --mux %q: want %s or %s", *mux, controller.MuxAuto, controller.MuxOff)
+	}
 	switch {
 	case lease < 0:
 	case lease == 0:
@@ -143,6 +147,9 @@ func runSSH(e *Env, args []string) int {
 			return ExitUsage
 		case errors.Is(err, rundir.ErrBadID):
 			return ExitUsage
+		case errors.Is(err, controller.ErrMux):
+			e.hint("make it a directory of yours with mode 0700 (or name another with AGENT_WRAP_MUX_DIR), or pass --mux off; nothing was started")
+			return ExitUnsafeRoot
 		case errors.Is(err, ledger.ErrUnreachable):
 			e.hint("nothing was launched; run it again once the ledger's database is back")
 			return 255

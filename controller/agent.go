@@ -58,5 +58,8 @@ func (r *Run) launchHost() *host {
 	<-r.h.probed // the copy takes the probed keepalive options
 	h := *r.h
 	h.rsh = append([]string{r.h.rsh[0], "-o", opt}, r.h.rsh[1:]...)
+	// Its own connection: a session on agent-wrap's masters (mux.go)
+	// would forward the master's agent, if any, not this one.
+	h.mux = nil
 	return &h
 }

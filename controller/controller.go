@@ -38,6 +38,12 @@ type Config struct {
 	// the connection was lost.
 	GiveUp time.Duration
 
+	// Mux is MuxAuto ("" too: the calls are sessions on agent-wrap's own
+	// ControlMasters, unless the rsh is not OpenSSH's or the user set a
+	// ControlPath) or MuxOff (a connection per call). MuxDir is where the
+	// masters' sockets live; default MuxDir(os.Getenv). See mux.go.
+	Mux, MuxDir string
+
 	Ledger ledger.Store // required: files or PostgreSQL, the same to the controller
 	// LogDir is where the run's ssh -E logs go (a directory per run,
 	// removed by Follow, or by Settle after a controller was killed).
@@ -75,7 +81,8 @@ type Config struct {
 // remote `cancel`, also 143).
 const exitCancelledBeforeLaunch = exitcode.TERM
 
-// Backoff bounds between reattach attempts: 0.2 s doubling to 5 s.
+// Backoff bounds between reattach attempts after the first, which is at
+// once: 0.2 s doubling to 5 s.
 const (
 	backoffMin = 200 * time.Millisecond
 	backoffMax = 5 * time.Second
@@ -173,6 +180,10 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	}
 	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.LogDir, cfg.ID)
 	if err != nil {
+		return nil, err
+	}
+	if err := h.setMux(cfg.Mux, cfg.MuxDir); err != nil {
+		h.close()
 		return nil, err
 	}
 	r := &Run{
@@ -351,20 +362,38 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	// (64) found before any claim, rather than run a job named RUN_ID.
 	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote("attach", "--from", "0,0", r.cfg.ID)
 
+	ctx, cancel := r.withGiveUp(ctx)
+	defer cancel()
+	lh := r.launchHost()
+	var gate *launchGate // launchgate.go
+	if lh.mux != nil {
+		g, err := newLaunchGate(ctx)
+		if err != nil {
+			return callResult{code: 255, err: err, noLog: true}, nil, ""
+		}
+		gate, line = g, g.wrap(line)
+	}
 	pr, pw := io.Pipe()
 	var rec *launchRecord
 	var said bytes.Buffer
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		rec = r.splitLaunch(pr, &said)
+		rec = r.splitLaunch(pr, &said, gate)
 		io.Copy(io.Discard, pr)
 	}()
-	ctx, cancel := r.withGiveUp(ctx)
-	defer cancel()
 	errw := r.newLaunchStderr()
 	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
-	res := r.launchHost().call(withStdin(ctx, stdin), line, pw, errw)
+	var res callResult
+	if gate != nil {
+		// Through a master: the gate's pipe carries "go", then the
+		// secrets.
+		gate.payload = stdin
+		res = lh.callIn(ctx, line, gate.r, pw, errw)
+		gate.close()
+	} else {
+		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
+	}
 	forget()
 	pw.Close()
 	<-done
@@ -391,10 +420,14 @@ type launchRecord struct {
 // record's opening "{" line go to said, the record is decoded, and
 // everything after it is copied to the job's stdout (counted). It returns
 // nil when no record came.
-func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer) *launchRecord {
+func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer, gate *launchGate) *launchRecord {
 	br := bufio.NewReaderSize(in, 64<<10)
 	for {
 		line, err := br.ReadString('\n')
+		if gate != nil && line == gateReady+"\n" {
+			gate.ready()
+			continue
+		}
 		if line == "{\n" {
 			var rec launchRecord
 			dec := json.NewDecoder(io.MultiReader(strings.NewReader(line), br))
@@ -720,7 +753,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 		return
 	}
 	r.lastRenew.Store(time.Now().UnixNano()) // the launch renewed it
-	t := time.NewTicker(r.cfg.RenewEvery)
+	t := time.NewTimer(r.renewDelay())
 	defer t.Stop()
 	for {
 		select {
@@ -729,33 +762,33 @@ func (r *Run) renewLoop(ctx context.Context) {
 		case <-t.C:
 		case <-r.renewNow:
 		}
+		t.Reset(r.renewDelay())
 		nl, ok, why := r.nestedRenewal()
 		if !ok {
 			r.renewFailed.Store(true)
 			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": why})
 			return
 		}
-		words := []string{"renew", r.cfg.ID}
-		if nl > 0 {
-			words = []string{"renew", "--lease", nl.String(), r.cfg.ID}
-		}
-		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote(words...), &out, &errb)
+		rr := r.renewCall(ctx, nl) // renewbatch.go
 		switch {
 		case ctx.Err() != nil:
 			return
-		case res.code == 0:
+		case rr.ok:
 			r.lastRenew.Store(time.Now().UnixNano())
-			r.ev.emit(EvRenewed, nil)
+			var f map[string]any
+			if rr.batch > 0 {
+				f = map[string]any{"batch": rr.batch}
+			}
+			r.ev.emit(EvRenewed, f)
 			r.attached()
 			r.nestedRenewed(nl)
-		case res.lost():
-			r.ev.emit(EvRenewFailed, map[string]any{"reason": "unreachable", "error": res.why()})
+		case rr.lost != "":
+			r.ev.emit(EvRenewFailed, map[string]any{"reason": "unreachable", "error": rr.lost})
 		default:
 			// Refused: the run is terminal, cancelling, or past its
 			// deadline. Renewing stops; the stream tells the outcome.
 			r.renewFailed.Store(true)
-			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": lastLine(strings.TrimSpace(errb.String()))})
+			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": rr.refused})
 			return
 		}
 	}
@@ -811,13 +844,22 @@ func olderCancel(stderr string) bool {
 	return strings.Contains(stderr, "unknown flag: --json")
 }
 
-// backoff spaces reattach attempts: 0.2 s doubling to 5 s.
-type backoff struct{ d time.Duration }
+// backoff spaces reattach attempts: the first at once (a lost session is
+// most often a master or client that died, replaced in milliseconds), then
+// 0.2 s doubling to 5 s.
+type backoff struct {
+	d       time.Duration
+	retried bool // the at-once retry was used
+}
 
-func (b *backoff) reset() { b.d = 0 }
+func (b *backoff) reset() { b.d, b.retried = 0, false }
 
 // wait sleeps the next interval, ending early when ctx ends.
 func (b *backoff) wait(ctx context.Context) {
+	if !b.retried {
+		b.retried = true
+		return
+	}
 	if b.d == 0 {
 		b.d = backoffMin
 	} else if b.d *= 2; b.d > backoffMax {

@@ -49,4 +49,10 @@
 // when RSH is OpenSSH's ssh, and the keepalives only when the user set no
 // ServerAliveInterval (in the RSH words or the ssh configuration files;
 // `ssh -G DEST` when those cannot be followed).
+//
+// With Config.Mux auto (the default) and OpenSSH's ssh, unless the user set
+// a ControlPath, ControlMaster or ProxyJump of their own, each call is a
+// session on one of agent-wrap's own ControlMasters for the destination,
+// and the runs' renewals are batched per destination as `renew --json
+// ID...` (mux.go, renewbatch.go).
 package controller

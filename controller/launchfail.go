@@ -100,8 +100,9 @@ var preLoginLines = []string{
 // opening its log, ssh said why it stopped before the login, or, where
 // ssh's log can tell (OpenSSH at LogLevel VERBOSE, see logLevelOpts, with
 // no connection sharing that could carry the command without a login of
-// its own), the log lacks the "Authenticated to" line that ssh writes
-// after the login and before it opens the session that sends the command.
+// its own, neither the user's nor agent-wrap's: see mux.go), the log lacks
+// the "Authenticated to" line that ssh writes after the login and before
+// it opens the session that sends the command.
 func (h *host) mayHaveSent(res callResult) bool {
 	if res.err != nil {
 		return false
@@ -122,7 +123,7 @@ func (h *host) mayHaveSent(res callResult) bool {
 	if res.noLog {
 		return false // ssh opens its log before it connects
 	}
-	if quietFlag(h.rsh) || muxPossible(h.rsh) {
+	if quietFlag(h.rsh) || muxPossible(h.rsh) || res.viaMux {
 		return true
 	}
 	return strings.Contains("\n"+res.fullLog, "\nAuthenticated to ")

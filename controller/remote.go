@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -220,6 +221,9 @@ type host struct {
 	keepalive []string
 	probed    chan struct{} // closed once keepalive is known
 	tmpdir    string        // where ssh's -E logs go
+	mux       *mux          // agent-wrap's ControlMasters for dest, or nil (see useMux)
+	batch     *renewBatch   // renewals batched with the other runs to dest, or nil (renewbatch.go)
+	closeOnce *sync.Once    // shared by launchHost's copies
 }
 
 // newHost checks rsh and prepares the calls' options and log directory:
@@ -236,7 +240,7 @@ func newHost(rsh []string, dest, bin, root, logDir, id string) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &host{rsh: rsh, dest: dest, bin: bin, root: root, tmpdir: dir, probed: make(chan struct{})}
+	h := &host{rsh: rsh, dest: dest, bin: bin, root: root, tmpdir: dir, probed: make(chan struct{}), closeOnce: new(sync.Once)}
 	// `ssh -G` is a process start: run it while the caller writes its
 	// ledger record; the first call waits for it.
 	go func() {
@@ -252,7 +256,14 @@ func (h *host) noKeepalive() {
 	h.keepalive = nil
 }
 
-func (h *host) close() { os.RemoveAll(h.tmpdir) }
+func (h *host) close() {
+	h.closeOnce.Do(func() {
+		os.RemoveAll(h.tmpdir)
+		if h.mux != nil {
+			h.mux.release()
+		}
+	})
+}
 
 // sshLogPrefix is how the names of run id's ssh log directories in the
 // ledger begin. The leading dot keeps them out of the ledger's listing
@@ -280,6 +291,7 @@ type callResult struct {
 	fullLog string // the whole -E log
 	noLog   bool   // ssh (OpenSSH) left no -E log: it ended before it opened one
 	early   string // a launch's stderr before the run's record (ssh's own words, not the job's)
+	viaMux  bool   // a session on one of agent-wrap's masters (mux.go): no login of its own
 }
 
 // lost reports whether the call failed as a connection: ssh's 255, or the
@@ -309,8 +321,22 @@ var callSeq atomic.Int64
 // (ssh and its ProxyCommand), and the controller's death kills ssh
 // (clientAttr and guardClient: orphan.go).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
+	return h.callIn(ctx, line, nil, stdout, stderr)
+}
+
+// callIn is call with stdin as the remote command's stdin (nil: none).
+func (h *host) callIn(ctx context.Context, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
 	<-h.probed
-	args := append(logLevelOpts(h.rsh), h.rsh[1:]...)
+	if h.mux != nil {
+		return h.mux.call(ctx, h, line, stdin, stdout, stderr)
+	}
+	return h.exec(ctx, nil, line, stdin, stdout, stderr)
+}
+
+// exec is one client: `RSH[0] [LogLevel] first... RSH[1:]... [opts] DEST LINE`.
+func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
+	args := append(logLevelOpts(h.rsh), first...)
+	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	var logPath string
 	if isSSH(h.rsh) {
@@ -320,12 +346,22 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	args = append(args, h.dest, line)
 	cmd := exec.Command(h.rsh[0], args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.Stdin = stdinOf(ctx) // nil: /dev/null; the launch's gateway secrets (http.go)
+	if stdin != nil {
+		cmd.Stdin = stdin // the launch gate's pipe (launchgate.go)
+	} else {
+		cmd.Stdin = stdinOf(ctx) // nil: /dev/null; the launch's gateway secrets (http.go)
+	}
 	// Its own group (a terminal's ^C is the controller's to handle), and
 	// it dies with the controller: a controller SIGKILLed leaves no client
 	// behind to launch or act later, behind the back of a settle
 	// (orphan.go says how, system by system).
 	cmd.SysProcAttr = clientAttr()
+	if first != nil {
+		// A session client hands its stdio to the master (mux.go): a
+		// master that is stuck holds the pipes open after the client is
+		// gone, which must not hold the call.
+		cmd.WaitDelay = muxWaitDelay
+	}
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}
@@ -341,6 +377,9 @@ func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) 
 	case err == nil:
 	case errors.As(err, &ee):
 		res.code = ee.ExitCode()
+	case errors.Is(err, exec.ErrWaitDelay):
+		// The client ended; its master still held the pipes.
+		res.code = cmd.ProcessState.ExitCode()
 	default:
 		res.code, res.err = 255, err
 	}

@@ -92,9 +92,9 @@ type harness struct {
 	root string
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T, opts ...sshtest.Option) *harness {
 	t.Helper()
-	h := &harness{t: t, srv: sshtest.Start(t), root: t.TempDir()}
+	h := &harness{t: t, srv: sshtest.Start(t, opts...), root: t.TempDir()}
 	t.Cleanup(h.killRuns)
 	return h
 }

@@ -31,9 +31,9 @@ type ctlHarness struct {
 	env    []string // added to the environment of the binary's runs
 }
 
-func newCtlHarness(t *testing.T) *ctlHarness {
+func newCtlHarness(t *testing.T, opts ...sshtest.Option) *ctlHarness {
 	t.Helper()
-	h := newHarness(t)
+	h := newHarness(t, opts...)
 	dir := t.TempDir()
 	return &ctlHarness{
 		harness: h,
@@ -95,9 +95,9 @@ func startCtlEnv(t *testing.T, env, args []string) *ctl {
 	t.Helper()
 	k := &ctl{done: make(chan struct{})}
 	k.cmd = exec.Command(bin, args...)
-	if env != nil {
-		k.cmd.Env = append(os.Environ(), env...)
-	}
+	// The controller's ControlMasters (--mux auto) in a directory of this
+	// test's, not the user's machine-wide one.
+	k.cmd.Env = append(append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t)), env...)
 	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
 	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -262,4 +262,22 @@ func childrenOf(pid int) []pstat {
 		}
 	}
 	return out
+}
+
+var muxDirs sync.Map // *testing.T -> its AGENT_WRAP_MUX_DIR
+
+// muxDirFor returns t's directory for the controllers' ControlMaster
+// sockets: short (a socket path is at most 104 bytes on some systems),
+// mode 0700, removed at the end of the test.
+func muxDirFor(t *testing.T) string {
+	if d, ok := muxDirs.Load(t); ok {
+		return d.(string)
+	}
+	d, err := os.MkdirTemp("", "awmux-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	muxDirs.Store(t, d)
+	t.Cleanup(func() { os.RemoveAll(d); muxDirs.Delete(t) })
+	return d
 }

@@ -8,7 +8,7 @@
 //   - Cut closes every connection open at the call, both sides; later
 //     connections are relayed as usual.
 //   - Hold blackholes the connections open at the call, as Blackhole does,
-//     until Cut; later connections are relayed as usual.
+//     until Release or Cut; later connections are relayed as usual.
 //   - While Blackhole(true) holds, no byte is forwarded in either direction
 //     and new connections are accepted but not connected to the target:
 //     to both ends the network has gone silent, nothing is closed. Bytes
@@ -62,6 +62,8 @@ type Relay struct {
 	holes bool // blackholed
 	conns map[net.Conn]struct{}
 	held  map[net.Conn]bool // blackholed by Hold
+
+	open, peak, total int // client connections: open now, most open at once, accepted
 }
 
 // Start listens on 127.0.0.1 and relays each connection to target.
@@ -80,6 +82,34 @@ func Start(t testing.TB, target string) *Relay {
 		r.Cut()
 	})
 	return r
+}
+
+// Connections reports the client connections the relay has seen: how many
+// are open now, the most that were open at once, and how many it accepted.
+func (r *Relay) Connections() (open, peak, total int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.open, r.peak, r.total
+}
+
+// counted counts client connection c open until it is closed (by either
+// side, or by Cut).
+func (r *Relay) counted() func() {
+	r.mu.Lock()
+	r.open++
+	r.total++
+	if r.open > r.peak {
+		r.peak = r.open
+	}
+	r.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			r.open--
+			r.mu.Unlock()
+		})
+	}
 }
 
 // Addr is the relay's address, host:port.
@@ -117,6 +147,15 @@ func (r *Relay) Hold() {
 	}
 }
 
+// Release resumes forwarding on the connections Hold held; the bytes held
+// meanwhile flow on.
+func (r *Relay) Release() {
+	r.mu.Lock()
+	r.held = map[net.Conn]bool{}
+	r.mu.Unlock()
+	r.cond.Broadcast()
+}
+
 // Blackhole stops (on) or resumes (off) all forwarding.
 func (r *Relay) Blackhole(on bool) {
 	r.mu.Lock()
@@ -151,7 +190,9 @@ func (r *Relay) serve() {
 			return
 		}
 		r.track(c)
+		done := r.counted()
 		go func() {
+			defer done()
 			r.gate(c)
 			u, err := net.Dial("tcp", r.target)
 			if err != nil {
@@ -168,8 +209,10 @@ func (r *Relay) serve() {
 				u.Close()
 				return
 			}
-			go r.pipe(u, c)
+			fin := make(chan struct{})
+			go func() { r.pipe(u, c); close(fin) }()
 			r.pipe(c, u)
+			<-fin
 		}()
 	}
 }

@@ -116,6 +116,7 @@ type Server struct {
 	start   uint64        // sshd's start time, clock ticks since boot
 	done    chan struct{} // closed once cmd.Wait has returned
 
+	defaultLimits   bool // see DefaultLimits
 	agentForwarding bool // see AllowAgentForwarding
 }
 
@@ -136,6 +137,12 @@ func yesNo(b bool) string {
 	}
 	return "no"
 }
+
+// DefaultLimits leaves sshd's per-connection session limit (MaxSessions
+// 10) and its throttling of unauthenticated connections (MaxStartups
+// 10:30:100) at OpenSSH's defaults, as a real host has them. Without it
+// both are 100, so that tests that open many connections are not refused.
+func DefaultLimits(s *Server) { s.defaultLimits = true }
 
 // T is what Start needs of its caller: a *testing.T or *testing.B (any
 // testing.TB), or a harness of its own outside a test (bench/cmd/awbench),
@@ -285,8 +292,9 @@ func (s *Server) config(hostKey, authKeys string) string {
 		"PrintLastLog no",
 		"UseDNS no",
 		"LogLevel VERBOSE",
-		"MaxStartups 100",
-		"MaxSessions 100",
+	}
+	if !s.defaultLimits {
+		lines = append(lines, "MaxStartups 100", "MaxSessions 100")
 	}
 	return strings.Join(lines, "\n") + "\n"
 }

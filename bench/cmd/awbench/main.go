@@ -28,7 +28,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale", "fanout"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -169,6 +169,8 @@ func (r *runner) figure(name string) error {
 		return r.ledgerFigure()
 	case "scale":
 		return r.scale()
+	case "fanout":
+		return r.fanoutFigure()
 	}
 	return fmt.Errorf("unknown figure %q", name)
 }

@@ -1,0 +1,79 @@
+package controller
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNextTickSharedInstants(t *testing.T) {
+	every := 2 * time.Second
+	for _, now := range []time.Time{time.Unix(100, 0), time.Unix(100, 1), time.Unix(101, 999_999_999)} {
+		d := nextTick(now, every)
+		at := now.Add(d)
+		if d <= 0 || d > every || at.UnixNano()%int64(every) != 0 {
+			t.Errorf("nextTick(%v, %v) = %v: at %v, want a multiple of %v within one period", now, every, d, at, every)
+		}
+	}
+}
+
+func TestBackoffFirstRetryAtOnce(t *testing.T) {
+	var b backoff
+	t0 := time.Now()
+	b.wait(context.Background())
+	if d := time.Since(t0); d > 50*time.Millisecond {
+		t.Errorf("first wait took %v, want at once", d)
+	}
+	t0 = time.Now()
+	b.wait(context.Background())
+	if d := time.Since(t0); d < backoffMin {
+		t.Errorf("second wait took %v, want at least %v", d, backoffMin)
+	}
+	b.reset()
+	t0 = time.Now()
+	b.wait(context.Background())
+	if d := time.Since(t0); d > 50*time.Millisecond {
+		t.Errorf("first wait after reset took %v, want at once", d)
+	}
+}
+
+func TestMuxStandsAside(t *testing.T) {
+	for _, rsh := range [][]string{
+		{"ssh", "-o", "ControlPath=/x/%C"},
+		{"ssh", "-S", "/x/sock"},
+		{"ssh", "-M"},
+		{"ssh", "-oControlMaster=auto"},
+	} {
+		if !setsControl(append(rsh, "-F", "/dev/null"), "h") {
+			t.Errorf("setsControl(%q) = false, want true", rsh)
+		}
+	}
+	if setsControl([]string{"ssh", "-F", "/dev/null", "-p", "22"}, "h") {
+		t.Error("setsControl with no ControlPath = true")
+	}
+	if !setsJump([]string{"ssh", "-J", "bastion"}) || !setsJump([]string{"ssh", "-o", "ProxyJump=b"}) || setsJump([]string{"ssh", "-p", "2"}) {
+		t.Error("setsJump misjudged")
+	}
+}
+
+func TestPrivateDir(t *testing.T) {
+	d := filepath.Join(t.TempDir(), "mux")
+	if err := privateDir(d); err != nil {
+		t.Fatalf("a new directory: %v", err)
+	}
+	if fi, _ := os.Stat(d); fi.Mode().Perm() != 0o700 {
+		t.Errorf("mode %v, want 0700", fi.Mode().Perm())
+	}
+	os.Chmod(d, 0o750)
+	if err := privateDir(d); err == nil || !strings.Contains(err.Error(), "0750") {
+		t.Errorf("a group-readable directory: %v, want refused naming its mode", err)
+	}
+	l := filepath.Join(t.TempDir(), "link")
+	os.Symlink(d, l)
+	if err := privateDir(l); err == nil {
+		t.Error("a symlink was accepted")
+	}
+}
