@@ -714,3 +714,25 @@ func privateDir(dir string) error {
 	}
 	return nil
 }
+
+// RecordedMaster is a ControlMaster as a controller recorded it in the mux
+// directory: its socket path and the PID and start time in SOCKET.pid.
+type RecordedMaster struct {
+	Socket string
+	PID    int
+	Start  uint64
+}
+
+// RecordedMasters lists the masters recorded in dir that are alive and
+// still the process recorded (start time checked): what a test or a
+// benchmark watches, read with the controller's own reader of the file.
+func RecordedMasters(dir string) []RecordedMaster {
+	names, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
+	var out []RecordedMaster
+	for _, n := range names {
+		if pid, start, ok := readPIDFile(n); ok && sameProcess(pid, start) {
+			out = append(out, RecordedMaster{Socket: strings.TrimSuffix(n, ".pid"), PID: pid, Start: start})
+		}
+	}
+	return out
+}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
@@ -34,33 +35,19 @@ func watchMasters(t *testing.T, dir string, stop <-chan struct{}) (seen func() m
 	var mu sync.Mutex
 	all := map[masterSeen]bool{}
 	look := func() {
-		names, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
-		for _, n := range names {
-			b, err := os.ReadFile(n)
-			if err != nil {
-				continue
-			}
-			f := strings.Fields(string(b))
-			if len(f) != 2 {
-				continue
-			}
-			pid, _ := strconv.Atoi(f[0])
-			start, _ := strconv.ParseUint(f[1], 10, 64)
-			if !alive(pid, start) {
-				continue
-			}
-			cmd, _ := os.ReadFile("/proc/" + f[0] + "/cmdline")
+		for _, m := range controller.RecordedMasters(dir) {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", m.PID))
 			if len(cmd) == 0 {
 				// Exiting between the two reads: a process that has
 				// released its memory (a zombie) has no command line.
 				continue
 			}
-			if !strings.Contains(string(cmd), "ControlPath="+strings.TrimSuffix(n, ".pid")) {
-				t.Errorf("recorded master %d is not the master of %s: %q", pid, n, cmd)
+			if !strings.Contains(string(cmd), "ControlPath="+m.Socket) {
+				t.Errorf("recorded master %d is not the master of %s: %q", m.PID, m.Socket, cmd)
 				continue
 			}
 			mu.Lock()
-			all[masterSeen{pid, start}] = true
+			all[masterSeen{m.PID, m.Start}] = true
 			mu.Unlock()
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/bench"
+	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
@@ -228,24 +229,11 @@ func countRenewSessions(path string) (sessions, renewed int) {
 	return sessions, renewed
 }
 
-// recordedMaster returns the PID of a live ControlMaster recorded in dir
-// (HASH.N.pid, "PID START"), checked against its start time, or 0.
+// recordedMaster returns the PID of a live ControlMaster recorded in dir,
+// or 0.
 func recordedMaster(dir string) int {
-	names, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
-	for _, n := range names {
-		b, err := os.ReadFile(n)
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			continue
-		}
-		pid, _ := strconv.Atoi(f[0])
-		start, _ := strconv.ParseUint(f[1], 10, 64)
-		if st, err := proc.ReadStat(pid); err == nil && !st.Dead() && st.Start == start {
-			return pid
-		}
+	if ms := controller.RecordedMasters(dir); len(ms) > 0 {
+		return ms[0].PID
 	}
 	return 0
 }
