@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/deploy"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/watchdog"
 )
@@ -58,9 +57,10 @@ func runWatchdog(e *Env, args []string) int {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
 	defer signal.Stop(sigs)
-	ping := func() { deploy.Notify("WATCHDOG=1") }
+	sd := watchdog.EnvNotifier()
+	ping := func() { sd.Notify("WATCHDOG=1") }
 	if !*once {
-		deploy.Notify("READY=1")
+		sd.Notify("READY=1")
 	}
 	var unlock func()
 	for waited := false; ; waited = true {
@@ -110,7 +110,7 @@ func runWatchdog(e *Env, args []string) int {
 	}
 
 	every := time.Duration(interval)
-	if wd := deploy.WatchdogInterval(); wd > 0 && wd < every {
+	if wd := sd.WatchdogInterval; wd > 0 && wd < every {
 		every = wd // already half of WatchdogSec=, as sd_watchdog_enabled(3) advises
 	}
 	t := time.NewTicker(every)
@@ -120,7 +120,7 @@ func runWatchdog(e *Env, args []string) int {
 		ping()
 		select {
 		case <-sigs:
-			deploy.Notify("STOPPING=1")
+			sd.Notify("STOPPING=1")
 			return ExitOK
 		case <-e.Ctx.Done():
 			return ExitOK
