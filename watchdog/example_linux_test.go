@@ -2,36 +2,32 @@ package watchdog_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/signal"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/watchdog"
 )
 
-// The watchdog loop that agent-wrap-watchdog.service (Type=notify,
-// WatchdogSec=30s) expects: READY=1 once the first pass is done, then
-// WATCHDOG=1 after every pass, passes at least twice per WatchdogSec.
-// Outside systemd, Notify does nothing.
-func ExampleNotifier() {
-	ctx := context.Background()
-	pass := func(context.Context) {} // one watchdog pass over the run root
-
-	sd := watchdog.EnvNotifier()
-	interval := 5 * time.Second // --interval
-	if wd := sd.WatchdogInterval; wd > 0 && wd < interval {
-		interval = wd
+// The watchdog service that agent-wrap-watchdog.service (Type=notify,
+// WatchdogSec=30s) runs: a pass every 5 s, READY=1 and WATCHDOG=1 to the
+// service manager named in the environment (nothing outside systemd),
+// until TERM or INT.
+func ExampleServe() {
+	root, err := rundir.OpenRoot(os.ExpandEnv("$HOME/.agent-runs"), true)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return
 	}
-	pass(ctx)
-	_, _ = sd.Notify("READY=1")
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			_, _ = sd.Notify("STOPPING=1")
-			return
-		case <-t.C:
-			pass(ctx)
-			_, _ = sd.Notify("WATCHDOG=1")
-		}
+	defer root.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	o := watchdog.ServeOptions{Interval: 5 * time.Second, Out: os.Stdout, Options: watchdog.Options{Diag: os.Stderr}}
+	if err := watchdog.Serve(ctx, root, o, watchdog.EnvNotifier()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 	}
 }
