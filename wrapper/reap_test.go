@@ -194,7 +194,8 @@ func startLeader(t *testing.T, script string, stdin *os.File) *reaper {
 }
 
 // startChild forks sh -c script in a session of its own. When the test
-// ends its group is KILLed and it is reaped, if the test has not done so.
+// ends what is left of its group is KILLed, and it is reaped if the test
+// has not done so.
 func startChild(t *testing.T, script string, stdin *os.File) int {
 	t.Helper()
 	if stdin == nil {
@@ -212,8 +213,14 @@ func startChild(t *testing.T, script string, stdin *os.File) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	st, err := proc.ReadStat(pid) // it is unreaped: this holds even if it has exited
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		_ = unix.Kill(-pid, unix.SIGKILL)
+		// Its group by identity (the test may have reaped it, and its
+		// number be another's by now), then itself, unless reaped.
+		runtest.KillGroup(pid, st.Start)
 		_ = reap(pid, true)
 	})
 	return pid
