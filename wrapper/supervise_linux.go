@@ -226,8 +226,8 @@ func (s *supervisor) run() *Result {
 	}
 
 	// 8. Reap, record, drain. The leader's exit, if it is first seen now
-	// (the stop killed it), is journaled like any other, then the reaper
-	// reaps it and every other zombie child.
+	// (it died at the end of the stop), is journaled like any other; then
+	// the reaper reaps it and every other zombie child.
 	s.pollLeader()
 	s.reap.reapAll()
 	s.closeControl() // every handoff's last word goes into the final record
