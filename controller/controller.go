@@ -708,13 +708,6 @@ func (r *Run) launchFailed(ctx context.Context, code int, said string) int {
 	return r.unknown(reason)
 }
 
-func lastLine(s string) string {
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		return s[i+1:]
-	}
-	return s
-}
-
 // unknown says the outcome is unknown, naming settle, and returns 255.
 func (r *Run) unknown(reason string) int {
 	r.cfg.Notice(fmt.Sprintf("run %s on %s: outcome unknown: %s", r.cfg.ID, r.cfg.Dest, reason))
