@@ -570,12 +570,11 @@ func unambiguous(code int) bool { return !exitcode.Confirm(code) }
 
 // finish settles the run after its attach ended with code. done is false
 // when the run turns out to be live (attach ended early): follow it again.
+// What the code means is judge's to say (outcome.go); finish waits for
+// the cancel's confirmation and asks the host as judge needs.
 func (r *Run) finish(ctx context.Context, code int) (int, bool) {
-	if unambiguous(code) && !r.cancelRequested() {
-		r.settle(ledger.Completed, code, "", "")
-		return code, true
-	}
-	if r.cancelRequested() {
+	f := facts{at: atEnd, code: code, cancel: r.cancelRequested(), dest: r.cfg.Dest, bin: r.cfg.RemoteBin}
+	if f.cancel {
 		// The cancel's confirmation names the final state and cause; it
 		// comes with the attach's end. Without it, ask reconcile.
 		select {
@@ -583,49 +582,53 @@ func (r *Run) finish(ctx context.Context, code int) (int, bool) {
 		case <-time.After(2 * time.Second):
 		case <-ctx.Done():
 		}
-		if f := r.cancelFinal.Load(); f != nil && f.code == code {
-			outcome := ledger.Completed
-			if f.state == "cancelled" {
-				outcome = ledger.Cancelled
-			}
-			r.settle(outcome, code, f.cause, "")
-			return code, true
-		}
+		f.final = r.cancelFinal.Load()
 	}
-	// Ask the host what the code means: the record's state and cause.
 	b := backoff{}
 	for {
-		v, res := r.reconcile(ctx)
-		switch {
-		case res.lost():
+		j := judge(f)
+		if j.noAttach {
+			r.attachRefused()
+		}
+		switch j.next {
+		case doRetry:
 			if r.gaveUp() || ctx.Err() != nil {
 				return r.giveUp(), true
 			}
 			b.wait(ctx)
+			fallthrough
+		case doAsk:
+			// Ask the host what the code means: the record's state and cause.
+			f.v, f.res = r.reconcile(ctx)
+			f.asked = true
 			continue
-		case v == nil:
-			return r.unknown(fmt.Sprintf("reconcile on %s exited %d without a verdict", r.cfg.Dest, res.code)), true
-		}
-		switch v.Outcome {
-		case reconcile.Completed, reconcile.Cancelled:
-			c := code
-			if v.ExitCode != nil {
-				c = *v.ExitCode
-			}
-			if code == 64 && c != 64 {
-				r.attachRefused() // a usage error that was not the run's code
-			}
-			r.settle(v.Outcome, c, v.Evidence.Cause, "")
-			return c, true
-		case reconcile.Running:
-			if code == 64 {
-				r.attachRefused() // the run is live, so the 64 was attach's
-			}
+		case doFollow:
 			return 0, false
 		}
-		r.settle(ledger.Unknown, -1, v.Evidence.Cause, v.Reason)
-		return r.unknown(v.Reason), true
+		return r.conclude(j), true
 	}
+}
+
+// conclude records a judgment that ends Follow (doSettle, doLeave), says
+// what it must, and returns Follow's exit code.
+func (r *Run) conclude(j judgment) int {
+	if j.next == doLeave {
+		if j.record {
+			r.update(func(l *ledger.Record) { l.Reason = j.reason })
+		}
+		return r.unknown(j.reason)
+	}
+	r.settle(j.outcome, j.code, j.cause, j.reason)
+	switch {
+	case j.outcome == ledger.Unknown:
+		return r.unknown(j.reason)
+	case j.notStarted:
+		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, j.reason))
+		if j.hint != "" {
+			r.cfg.Notice("hint: " + j.hint)
+		}
+	}
+	return j.exit
 }
 
 // attachRefused says, once, that the host's agent-wrap has no attach, and
@@ -671,41 +674,10 @@ func (r *Run) settle(outcome string, code int, cause, reason string) {
 
 // launchFailed answers a launch that ended without a record: the host's
 // agent-wrap refused or failed (its message was relayed), or the host has
-// no agent-wrap. A verdict decides which.
+// no agent-wrap. A verdict decides which (judge, outcome.go).
 func (r *Run) launchFailed(ctx context.Context, code int, said string) int {
 	v, res := r.reconcile(ctx)
-	switch {
-	case v != nil && (v.Outcome == reconcile.Completed || v.Outcome == reconcile.Cancelled):
-		c := code
-		if v.ExitCode != nil {
-			c = *v.ExitCode
-		}
-		r.settle(v.Outcome, c, v.Evidence.Cause, v.Reason)
-		return c
-	case res.code == 127 && v == nil:
-		reason := fmt.Sprintf("%s has no agent-wrap at %q", r.cfg.Dest, r.cfg.RemoteBin)
-		r.settle(ledger.NotStarted, -1, "", reason)
-		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
-		r.cfg.Notice(fmt.Sprintf("hint: install it there with 'agent-wrap deploy %s', or name it with --remote-bin PATH", r.cfg.Dest))
-		return 127
-	case res.code == 66:
-		reason := fmt.Sprintf("the host refused the launch (exit %d)", code)
-		if s := strings.TrimSpace(said); s != "" {
-			reason += ": " + lastLine(s)
-		}
-		r.settle(ledger.NotStarted, -1, "", reason)
-		return code
-	case v != nil:
-		// The ID is there but not ours to have started: a live or unknown
-		// run (exit 75 from the launch). It was not started by this call.
-		reason := fmt.Sprintf("run ID already in use on %s (%s)", r.cfg.Dest, v.Outcome)
-		r.settle(ledger.NotStarted, -1, "", reason)
-		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
-		return code
-	}
-	reason := fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", code, res.why())
-	r.update(func(l *ledger.Record) { l.Reason = reason })
-	return r.unknown(reason)
+	return r.conclude(judge(facts{at: atLaunch, code: code, asked: true, v: v, res: res, dest: r.cfg.Dest, bin: r.cfg.RemoteBin, said: said}))
 }
 
 // unknown says the outcome is unknown, naming settle, and returns 255.
