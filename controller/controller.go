@@ -403,7 +403,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	if lh.mux != nil {
 		g, err := newLaunchGate(ctx)
 		if err != nil {
-			return callResult{code: 255, err: err, noLog: true}, nil, ""
+			return callResult{code: exitcode.Lost, err: err, noLog: true}, nil, ""
 		}
 		gate, line = g, g.wrap(line)
 	}
@@ -720,7 +720,7 @@ func (r *Run) launchFailed(ctx context.Context, code int, said string) int {
 func (r *Run) unknown(reason string) int {
 	r.cfg.Notice(fmt.Sprintf("run %s on %s: outcome unknown: %s", r.cfg.ID, r.cfg.Dest, reason))
 	r.cfg.Notice(fmt.Sprintf("hint: 'agent-wrap settle %s' asks the host again and records the outcome", r.cfg.ID))
-	return 255
+	return exitcode.Lost
 }
 
 // giveUp leaves the run unsettled for settle and returns 255.
@@ -815,7 +815,7 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		var out, errb bytes.Buffer
 		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote(words...), &out, &errb)
-		if res.code == 0 {
+		if res.code == exitcode.OK {
 			line := strings.TrimSpace(out.String())
 			if f, ok := parseFinal(r.cfg.ID, line); ok {
 				r.cancelFinal.Store(&f)
@@ -824,10 +824,10 @@ func (r *Run) cancelLoop(ctx context.Context) {
 			r.ev.emit(EvCancelConfirmed, map[string]any{"record": line})
 			return
 		}
-		if res.code == 66 {
+		if res.code == exitcode.NoInput {
 			return // no such run: nothing to cancel
 		}
-		if res.code == 64 && words[1] == "--json" && olderCancel(errb.String()) {
+		if res.code == exitcode.Usage && words[1] == "--json" && olderCancel(errb.String()) {
 			// An agent-wrap older than cancel --json: its plain cancel
 			// still stops the run and exits 0 only once it is confirmed
 			// terminal; the final record is then learned as after any

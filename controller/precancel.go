@@ -57,9 +57,9 @@ func (r *Run) launchStep(ctx context.Context, b *backoff, probe *bool) (code int
 			// record was not seen; reconcile has no pid).
 			r.running(&launchRecord{RunID: r.cfg.ID})
 			return 0, false
-		case res.code == 66 && r.cancelRequested():
+		case noSuchRun(v, res) && r.cancelRequested():
 			return r.cancelledBeforeLaunch("cancelled before the launch reached the host")
-		case res.code == 66:
+		case noSuchRun(v, res):
 			*probe = false // never claimed: launch again (the claim is atomic)
 		case res.lost() && r.cancelRequested():
 			return r.cancelMaybeLaunched(ctx)
@@ -116,7 +116,7 @@ func (r *Run) cancelMaybeLaunched(ctx context.Context) (int, bool) {
 		// remote cancel, confirmed (cancelLoop starts once running wakes it).
 		r.running(&launchRecord{RunID: r.cfg.ID})
 		return 0, false
-	case res.code == 66:
+	case noSuchRun(v, res):
 		return r.cancelledBeforeLaunch("cancelled before the launch reached the host")
 	}
 	why := res.why()

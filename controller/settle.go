@@ -7,15 +7,16 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
 // What Settle found, as settle's exit code gives it.
 const (
-	SettleDone        = 0   // the outcome is recorded (settled)
-	SettleRunning     = 3   // the run is still running on its host (or its controller still drives it)
-	SettleUnknown     = 4   // the host cannot say; recorded as settled, outcome unknown
-	SettleUnreachable = 255 // the host could not be asked; nothing changed
+	SettleDone        = exitcode.OK      // the outcome is recorded (settled)
+	SettleRunning     = exitcode.Running // the run is still running on its host (or its controller still drives it)
+	SettleUnknown     = exitcode.Unknown // the host cannot say; recorded as settled, outcome unknown
+	SettleUnreachable = exitcode.Lost    // the host could not be asked; nothing changed
 )
 
 // Needed reports whether Settle has something to learn about rec: it is
