@@ -594,11 +594,6 @@ func (r *Run) detached(why string) {
 	r.ev.emit(EvDetached, map[string]any{"reason": why, "stdout_bytes": r.out.n.Load(), "stderr_bytes": r.errw.n.Load()})
 }
 
-// unambiguous reports whether an attach's exit code can only be the run's
-// own code of a finished run: not a code agent-wrap uses for itself, nor
-// one a cancel gives (exitcode.Confirm: the table's rows say which).
-func unambiguous(code int) bool { return !exitcode.Confirm(code) }
-
 // finish settles the run after its attach ended with code. done is false
 // when the run turns out to be live (attach ended early): follow it again.
 // What the code means is judge's to say (outcome.go); finish waits for

@@ -104,6 +104,11 @@ func noAgentWrap(v *reconcile.Verdict, res callResult) bool {
 	return v == nil && res.code == exitcode.NotFound
 }
 
+// unambiguous reports whether an attach's exit code can only be the run's
+// own code of a finished run: not a code agent-wrap uses for itself, nor
+// one a cancel gives (exitcode.Confirm: the table's rows say which).
+func unambiguous(code int) bool { return !exitcode.Confirm(code) }
+
 // judge decides what a run's end means for the ledger. It makes no call
 // and reads nothing: the caller asks the host when told doAsk, and acts on
 // the rest.
