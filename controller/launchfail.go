@@ -146,16 +146,20 @@ func logLevelOpts(rsh []string) []string {
 // of them is a group of flags.
 const sshNoArgFlags = "46AaCfGgKkMNnqsTtVvXxYy"
 
+// Compiled on first use: every agent-wrap command, a wrapper too, would
+// otherwise compile them at start (see "Memory" in bench/cmd/awbench/host.md).
 var (
-	quietGroup = regexp.MustCompile(`^-[` + sshNoArgFlags + `]*q[` + sshNoArgFlags + `]*$`)
-	socketFlag = regexp.MustCompile(`^-[` + sshNoArgFlags + `]*S`)
+	quietGroup = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*q[` + sshNoArgFlags + `]*$`)
+	})
+	socketFlag = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*S`) })
 )
 
 // quietFlag reports whether the rsh words hold -q, which silences ssh's
 // log whatever LogLevel says.
 func quietFlag(rsh []string) bool {
 	for _, w := range rsh[1:] {
-		if quietGroup.MatchString(w) {
+		if quietGroup().MatchString(w) {
 			return true
 		}
 	}
@@ -167,7 +171,7 @@ func quietFlag(rsh []string) bool {
 // A mention anywhere in the rsh words or the ssh configuration counts.
 func muxPossible(rsh []string) bool {
 	for _, w := range rsh[1:] {
-		if strings.Contains(strings.ToLower(w), "controlpath") || socketFlag.MatchString(w) {
+		if strings.Contains(strings.ToLower(w), "controlpath") || socketFlag().MatchString(w) {
 			return true
 		}
 	}
