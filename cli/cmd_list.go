@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"runtime"
@@ -78,15 +79,19 @@ func runList(e *Env, args []string) int {
 		return ExitFailure
 	}
 	rows := listRows(root, ids)
+	// One write per 64 KiB, not one per run: a thousand runs listed to a
+	// file were a thousand write(2)s, as long as judging them.
+	out := bufio.NewWriterSize(e.Stdout, 64<<10)
+	defer out.Flush()
 	if *asJSON {
-		enc := json.NewEncoder(e.Stdout)
+		enc := json.NewEncoder(out)
 		enc.SetEscapeHTML(false)
 		for _, r := range rows {
 			enc.Encode(r)
 		}
 		return ExitOK
 	}
-	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN_ID\tSTATE\tOUTCOME\tPID\tAGE\tLEASE_LEFT\tEXIT\tCAUSE")
 	now := time.Now()
 	for _, r := range rows {
