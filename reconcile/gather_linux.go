@@ -41,7 +41,55 @@ func Gather(d *rundir.Dir) Input { return gather(d, true) }
 // The record is read again after the processes only when they were
 // scanned: a record read before its wrapper was seen alive was the run's
 // state while the wrapper lived, and a terminal one never changes.
-func GatherOutcome(d *rundir.Dir) Input { return gather(d, false) }
+//
+// Those two cases are also judged without the run's lock: each file is
+// replaced whole (a reader sees the old content or the new), so a record
+// read without it is a state the run was in, the wrapper seen alive after
+// it proves that state live, and a finished record is final. Waiting for
+// a transition under way to end (the lock) would change neither outcome
+// nor supervisor; it would only make list wait up to a second for every
+// run a cancel or a watchdog is stopping. Every other case (a cancelled
+// run, a wrapper gone, a record unreadable, another boot) is gathered
+// under the shared lock as Gather does.
+func GatherOutcome(d *rundir.Dir) Input {
+	if in, ok := gatherLive(d); ok {
+		return in
+	}
+	return gather(d, false)
+}
+
+// gatherLive is GatherOutcome's look without the lock: ok when the run's
+// wrapper is alive and its record not terminal, or the record is finished
+// or launch_failed.
+func gatherLive(d *rundir.Dir) (in Input, ok bool) {
+	in = Input{RunID: d.ID, Now: time.Now()}
+	if dl, err := lease.ReadDeadline(d); err == nil {
+		in.Deadline = dl
+	} else if !errors.Is(err, lease.ErrNoDeadline) {
+		return in, false
+	}
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		return in, false
+	}
+	in.Record = rec
+	if rec.State == statusfile.Finished || rec.State == statusfile.LaunchFailed {
+		// Final: the wrapper's liveness only says whether it still drains
+		// its streams (supervisor alive, not none).
+		boot, err := proc.BootID()
+		if err != nil {
+			return in, false
+		}
+		in.BootChanged = rec.BootID != boot
+		in.WrapperAlive = !in.BootChanged && membership.WrapperAlive(rec)
+		return in, true
+	}
+	if statusfile.Terminal(rec.State) {
+		return in, false
+	}
+	in.WrapperAlive = membership.WrapperAlive(rec)
+	return in, in.WrapperAlive
+}
 
 func gather(d *rundir.Dir, full bool) Input {
 	unlock, busy := d.RLock(lockWait)

@@ -17,7 +17,8 @@ import (
 // gives, in every case of the rules, with real processes: it skips the scan
 // of the process table only where the outcome does not depend on it (a
 // wrapper alive, a finished run), and scans where it does (a cancelled run
-// with a process left, a run whose wrapper is gone).
+// with a process left, a run whose wrapper is gone). Where it does not
+// scan it does not wait for the run's lock either.
 func TestGatherOutcomeAgreesWithGather(t *testing.T) {
 	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
 	if err != nil {
@@ -75,7 +76,26 @@ func TestGatherOutcomeAgreesWithGather(t *testing.T) {
 		if err := statusfile.Write(d, rec, false); err != nil {
 			t.Fatal(err)
 		}
-		full, fast := Gather(d), GatherOutcome(d)
+		full := Gather(d)
+		// Another process's stop holds the run's lock meanwhile (a
+		// descriptor of its own: a flock of another open file
+		// description). The outcome does not wait for it where the
+		// outcome cannot depend on it; where it scans, it waits as
+		// Gather does, and says it found the lock busy.
+		held, err := root.Open(c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unlock, err := held.Lock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast := GatherOutcome(d)
+		unlock()
+		held.Close()
+		if fast.LockBusy != c.scans {
+			t.Fatalf("%s: GatherOutcome with the run locked: lock_busy %v, want %v (it waits only where it scans)", c.id, fast.LockBusy, c.scans)
+		}
 		vf, vo := Decide(full), Decide(fast)
 		if vf.Outcome != c.want || vf.Supervisor != c.sup {
 			t.Fatalf("%s: Gather gives %s, supervisor %s; want %s, %s (%s)", c.id, vf.Outcome, vf.Supervisor, c.want, c.sup, vf.Reason)
