@@ -170,8 +170,9 @@ func (r *runner) scale() error {
 	watchdog := func() (float64, error) { return r.timed(0, wdOut, r.bin, "--root", root, "watchdog", "--once") }
 	readall := func() (float64, error) { return r.timed(0, nil, r.self, "readall", root) }
 	// The order rotates each round, so no side always runs right after
-	// the same other side.
-	s, err := bench.InterleaveRotating(1, r.n(7, 3), list, readall, watchdog)
+	// the same other side; 15 rounds (a list is tens of milliseconds),
+	// so that the median's 95 % interval is not the whole range.
+	s, err := bench.InterleaveRotating(1, r.n(15, 5), list, readall, watchdog)
 	if err != nil {
 		return err
 	}
@@ -430,7 +431,9 @@ const scaleMethods = `- **scale**: N runs of ` + "`sleep 3600`" + ` (1000; 200 w
   up (Pss charges each page of the binary shared by N wrappers 1/N to each, so the
   sum is what the N cost the host); ` + "`list --json`" + ` (every run listed, running) and
   ` + "`watchdog --once`" + ` (no action) over the root against ` + "`awbench readall`" + `, in
-  alternation (the order rotated each round), each ratio the median of the rounds' own. Then one ` + "`agent-wrap cancel\n  ID`" + ` per run, all forked at once; the clock stops when the last cancel and the
+  alternation, the order rotated each round, 15 rounds (5 with BENCH_QUICK),
+  each ratio the median of the rounds' own. Then one ` + "`agent-wrap cancel ID`" + `
+  per run, all forked at once; the clock stops when the last cancel and the
   last wrapper have exited. Every cancel must exit 0, every wrapper 143, every
   record be ` + "`cancelled`" + ` with exit 143 and ` + "`survivors: []`" + `, and /proc hold no live process
   of any run's group. Baseline, in the same run: N ` + "`tini -s -g -- sleep 3600`" + `
