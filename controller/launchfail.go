@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
@@ -59,7 +60,7 @@ func (h *host) permanent(res callResult) (sshFailure, bool) {
 		// The client itself could not be started.
 		return sshFailure{line: res.err.Error(), hint: fmt.Sprintf("check --rsh (or $AGENT_WRAP_RSH): %q must be a program on PATH", h.rsh[0])}, true
 	}
-	if res.code != 255 {
+	if res.code != exitcode.Lost {
 		return sshFailure{}, false
 	}
 	for _, text := range []string{res.fullLog, res.early} {
@@ -82,7 +83,7 @@ func (r *Run) cannotConnect(f sshFailure) int {
 	r.settle(ledger.NotStarted, -1, "", reason)
 	r.cfg.Notice(fmt.Sprintf("run %s: not started: ssh cannot connect to %s: %s", r.cfg.ID, r.cfg.Dest, f.line))
 	r.cfg.Notice("hint: " + f.hint)
-	return 255
+	return exitcode.Lost
 }
 
 // preLoginLines are ssh's words for a connection that ended before the

@@ -101,6 +101,19 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		case <-u.slow:
 		case <-r.Context().Done():
 		}
+	case r.URL.Path == "/api/slow-sized":
+		// The same with a length: the gateway gathers such a body into
+		// larger writes, and must still pass on what it has meanwhile.
+		u.started <- struct{}{}
+		w.Header().Set("Content-Length", "12")
+		w.WriteHeader(200)
+		w.Write([]byte("first\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-u.slow:
+			w.Write([]byte("later\n"))
+		case <-r.Context().Done():
+		}
 	case r.URL.Path == "/api/redirect-out":
 		http.Redirect(w, r, "https://elsewhere.invalid/steal", http.StatusFound)
 	case r.URL.Path == "/api/redirect-in":
