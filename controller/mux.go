@@ -181,7 +181,7 @@ func hashWords(words []string) string {
 func setsControl(rsh []string, dest string) bool {
 	for _, w := range rsh[1:] {
 		lw := strings.ToLower(w)
-		if strings.Contains(lw, "controlpath") || strings.Contains(lw, "controlmaster") || socketFlag.MatchString(w) || w == "-M" {
+		if strings.Contains(lw, "controlpath") || strings.Contains(lw, "controlmaster") || socketFlag().MatchString(w) || w == "-M" {
 			return true
 		}
 	}
