@@ -423,7 +423,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		// Through a master: the gate's pipe carries "go", then the
 		// secrets.
 		gate.payload = stdin
-		res = lh.callIn(ctx, line, gate.r, pw, errw)
+		res = lh.callIn(longSession(ctx), line, gate.r, pw, errw)
 		gate.close()
 	} else {
 		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
@@ -521,7 +521,7 @@ func (r *Run) attach(ctx context.Context) callResult {
 		// timeout, which finish takes for a live run and follows again).
 		line = r.h.remote("wait", "--timeout", "60s", r.cfg.ID)
 	}
-	res := r.h.call(ctx, line, r.out, r.errw)
+	res := r.h.call(longSession(ctx), line, r.out, r.errw) // muxticket.go
 	if !res.lost() {
 		r.attached()
 		if r.cfg.Lease < 0 || r.renewFailed.Load() {
