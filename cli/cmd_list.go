@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -78,15 +80,19 @@ func runList(e *Env, args []string) int {
 		return ExitFailure
 	}
 	rows := listRows(root, ids)
+	// One write per 64 KiB, not one per run: a thousand runs listed to a
+	// file were a thousand write(2)s, as long as judging them.
+	out := bufio.NewWriterSize(e.Stdout, 64<<10)
+	defer out.Flush()
 	if *asJSON {
-		enc := json.NewEncoder(e.Stdout)
+		enc := json.NewEncoder(out)
 		enc.SetEscapeHTML(false)
 		for _, r := range rows {
 			enc.Encode(r)
 		}
 		return ExitOK
 	}
-	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN_ID\tSTATE\tOUTCOME\tPID\tAGE\tLEASE_LEFT\tEXIT\tCAUSE")
 	now := time.Now()
 	for _, r := range rows {
@@ -98,17 +104,10 @@ func runList(e *Env, args []string) int {
 	return ExitOK
 }
 
-// listRowFor judges one run as reconcile would.
-func listRowFor(root *rundir.Root, id string) listRow {
+// listRowFrom is the row of a run judged as reconcile would, from the
+// evidence gathered for it.
+func listRowFrom(id string, in reconcile.Input) listRow {
 	row := listRow{RunID: id}
-	d, err := root.Open(id)
-	if err != nil {
-		row.State, row.Outcome, row.Supervisor, row.Error = stateUnreadable, reconcile.Unknown, reconcile.SupervisorNone, err.Error()
-		row.Reason = "the run directory cannot be opened"
-		return row
-	}
-	defer d.Close()
-	in := reconcile.GatherOutcome(d)
 	v := reconcile.Decide(in)
 	row.Outcome, row.Supervisor = v.Outcome, v.Supervisor
 	if v.Outcome == reconcile.Unknown {
@@ -130,6 +129,12 @@ func listRowFor(root *rundir.Root, id string) listRow {
 	row.RecordState = rec.State
 	row.State = judgedState(in, v)
 	return row
+}
+
+// unopenedRow is the row of a run whose directory cannot be opened.
+func unopenedRow(id string, err error) listRow {
+	return listRow{RunID: id, State: stateUnreadable, Outcome: reconcile.Unknown, Supervisor: reconcile.SupervisorNone,
+		Error: err.Error(), Reason: "the run directory cannot be opened"}
 }
 
 func (r listRow) outcomeText() string {
@@ -178,20 +183,67 @@ func deref(p *int) int {
 // (GOMAXPROCS, at most 8): each run is its own files and one look at its
 // wrapper, independent of the others, and mostly waits on system calls, so
 // a root of a thousand live runs is listed in about the time it takes to
-// read their records. The rows keep the order of ids.
+// read their records. The runs whose outcome depends on their members (a
+// cancelled run, a wrapper gone) are judged in one read of the process
+// table, made after the first look at every one of them
+// (reconcile.GatherOutcomeFirst, GatherOutcomeWith): a root of a thousand
+// cancelled runs costs one read of the table, not a thousand. The rows keep
+// the order of ids.
 func listRows(root *rundir.Root, ids []string) []listRow {
 	rows := make([]listRow, len(ids))
+	firsts := make([]*reconcile.Input, len(ids)) // the first look, where a table is needed
+	inParallel(len(ids), func(i int) {
+		d, err := root.Open(ids[i])
+		if err != nil {
+			rows[i] = unopenedRow(ids[i], err)
+			return
+		}
+		defer d.Close()
+		in, needsTable := reconcile.GatherOutcomeFirst(d)
+		if needsTable {
+			firsts[i] = &in
+			return
+		}
+		rows[i] = listRowFrom(ids[i], in)
+	})
+	var pending []int
+	for i, f := range firsts {
+		if f != nil {
+			pending = append(pending, i)
+		}
+	}
+	if len(pending) == 0 {
+		return rows
+	}
+	// A table that cannot be read (nil) is read again by each run, which
+	// then says why it cannot.
+	table, _ := proc.Scan()
+	inParallel(len(pending), func(k int) {
+		i := pending[k]
+		d, err := root.Open(ids[i])
+		if err != nil {
+			rows[i] = unopenedRow(ids[i], err)
+			return
+		}
+		defer d.Close()
+		rows[i] = listRowFrom(ids[i], reconcile.GatherOutcomeWith(d, *firsts[i], table))
+	})
+	return rows
+}
+
+// inParallel calls f(0) ... f(n-1) on min(GOMAXPROCS, 8, n) goroutines and
+// returns when every call has.
+func inParallel(n int, f func(i int)) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for w := min(runtime.GOMAXPROCS(0), 8, len(ids)); w > 0; w-- {
+	for w := min(runtime.GOMAXPROCS(0), 8, n); w > 0; w-- {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < len(ids); i = int(next.Add(1)) - 1 {
-				rows[i] = listRowFor(root, ids[i])
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				f(i)
 			}
 		}()
 	}
 	wg.Wait()
-	return rows
 }

@@ -41,8 +41,9 @@ It exits 75 with a message on stderr, and without waiting further, when
 // wrapper is about to write its first one.
 const unknownSettle = 3 * time.Second
 
-// judgeEvery is how often a follower re-judges a non-terminal run (a /proc
-// scan); the record itself is re-read on every wake-up.
+// judgeEvery is how often a follower re-judges a non-terminal run (its
+// wrapper's /proc entry; a process scan only when the wrapper is gone);
+// the record itself is re-read on every wake-up.
 const judgeEvery = time.Second
 
 // follower watches one run until its record is terminal or its outcome has
@@ -77,7 +78,13 @@ func (f *follower) poll() (*statusfile.Record, *reconcile.Verdict) {
 		return nil, nil
 	}
 	f.lastJudged = now
-	v := reconcile.Decide(reconcile.Gather(f.d))
+	// GatherOutcome, not Gather: a live run's outcome is its wrapper's
+	// /proc entry, not a scan of every process on the host. Hundreds of
+	// attaches (a fan-out of runs to one host) each scanning the whole
+	// process table every judgeEvery cost N scans of N processes a second:
+	// at 200 runs, the two CPUs of the test machine, and the controllers'
+	// launches starved behind them.
+	v := reconcile.Decide(reconcile.GatherOutcome(f.d))
 	if v.Evidence.ExitCode != nil {
 		// Terminal since the read above.
 		if rec, err := statusfile.Read(f.d); err == nil && statusfile.Terminal(rec.State) {

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -86,6 +88,36 @@ func TestScaleStartThenCancelAll(t *testing.T) {
 		}
 	}
 	wantList(t, root, statusfile.Cancelled, "cancelled")
+	wantOneScan(t, root)
+}
+
+// wantOneScan checks that list over the scale test's cancelled runs,
+// whose outcomes depend on whether anything of them is alive, reads the
+// process table once for all of them, not once per run: its opens of
+// /proc itself are counted with strace.
+func wantOneScan(t *testing.T, root string) {
+	t.Helper()
+	if _, err := exec.LookPath("strace"); err != nil {
+		t.Fatalf("strace is needed (.ci/deps installs it): %v", err)
+	}
+	trace := filepath.Join(t.TempDir(), "strace.out")
+	cmd := exec.Command("strace", "-f", "-qq", "-o", trace, "-e", "trace=open,openat,openat2",
+		runtest.Binary(t), "--root", root, "list", "--json")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("list under strace: %v\n%s", err, out)
+	}
+	if n := len(strings.Split(strings.TrimSpace(string(out)), "\n")); n != scaleRuns {
+		t.Fatalf("list under strace printed %d runs, want %d", n, scaleRuns)
+	}
+	b, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scans := regexp.MustCompile(`(?m)^\d+ +open(at)?\((AT_FDCWD, )?"/proc", .*= \d+$`).FindAll(b, -1)
+	if len(scans) != 1 {
+		t.Fatalf("list over %d cancelled runs read the process table %d times; want once\n%s", scaleRuns, len(scans), scans)
+	}
 }
 
 // wantList checks that list --json names every run of the scale test, each

@@ -72,7 +72,7 @@ func TestShowAgainstJournal(t *testing.T) {
 	cleanupRun(t, r3)
 	rec3 := r3.WaitState(t, statusfile.Running)
 	killWrapper(t, c3, rec3)
-	t.Cleanup(func() { _ = unix.Kill(-rec3.PGID, unix.SIGKILL) })
+	t.Cleanup(func() { runtest.KillGroup(rec3.PGID, rec3.LeaderStart) })
 
 	// lost, then stopped by the watchdog once its lease (cut to 1s) passed
 	c4, r4 := startRun(t, root, "wd", "--grace", "1s", "wd", "--", "sleep", "300")

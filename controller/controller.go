@@ -96,16 +96,19 @@ type Run struct {
 	ev   *eventLog
 
 	mu  sync.Mutex
+	st  runState      // the run's state (state.go), moved with rec by move
 	rec ledger.Record // the ledger record as last written
 	w   *writer       // writes rec's states to the ledger, in order
 
 	out, errw *countingWriter
 
-	lastRenew   atomic.Int64 // unix nanoseconds of the last successful renewal
+	lastRenew atomic.Int64 // unix nanoseconds of the last successful renewal
+	// launched and cancelCh are closed once st's onLaunched and onCancel
+	// are written and announced: what acts on them (the renewals, the
+	// remote cancel, isLaunched, cancelRequested) never acts before the
+	// ledger says so.
 	launched    chan struct{}
-	launchOnce  sync.Once
 	cancelCh    chan struct{}
-	cancelOnce  sync.Once
 	cancelled   chan struct{} // closed once the host confirmed the cancel
 	renewFailed atomic.Bool   // a renewal was refused: the run is ending
 	reattaching atomic.Value  // string "N,M": a reattach from these offsets is not yet known to be up
@@ -224,37 +227,70 @@ func Start(cfg Config, argv []string) (*Run, error) {
 // update changes the ledger record under the lock and writes it durably,
 // waiting for the write while the ledger answers. While it does not, the
 // write is queued and retried in order (see writer) and the run goes on.
+// The record's state is move's to change.
 func (r *Run) update(change func(*ledger.Record)) {
 	r.mu.Lock()
 	change(&r.rec)
-	r.rec.StdoutBytes, r.rec.StderrBytes = r.out.n.Load(), r.errw.n.Load()
-	n := r.w.enqueue(r.rec)
+	n := r.enqueue()
 	r.mu.Unlock()
 	r.w.wait(n)
 }
 
-func (r *Run) state() string {
+// move applies e to the run's state (runState.next). When the state
+// allows it, an event the ledger records (runEvent.recorded) writes the
+// record with the new state's ledger name and change applied (change sees
+// the state moved from), durably, as update does. It returns the state
+// moved from and whether e was allowed; a refused e changes nothing.
+func (r *Run) move(e runEvent, change func(l *ledger.Record, from runState)) (runState, bool) {
+	r.mu.Lock()
+	from := r.st
+	to, err := from.next(e)
+	if err != nil {
+		r.mu.Unlock()
+		return from, false
+	}
+	r.st = to
+	if !e.recorded() {
+		r.mu.Unlock()
+		return from, true
+	}
+	r.rec.State = to.ledgerState()
+	if change != nil {
+		change(&r.rec, from)
+	}
+	n := r.enqueue()
+	r.mu.Unlock()
+	r.w.wait(n)
+	return from, true
+}
+
+// enqueue queues the record, with its byte counts, for writing. Called
+// with mu held.
+func (r *Run) enqueue() uint64 {
+	r.rec.StdoutBytes, r.rec.StderrBytes = r.out.n.Load(), r.errw.n.Load()
+	return r.w.enqueue(r.rec)
+}
+
+// now returns the run's state.
+func (r *Run) now() runState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.rec.State
+	return r.st
 }
 
 // Cancel asks for the run to be cancelled: the ledger says cancel_requested
 // (synced) when it returns, and Follow sends `cancel --wait` over a new
 // connection. Calling it again, or after the run is settled, does nothing.
 func (r *Run) Cancel() {
-	r.cancelOnce.Do(func() {
-		if r.state() == ledger.Settled {
-			return
+	if _, ok := r.move(onCancel, func(l *ledger.Record, _ runState) { l.CancelRequested = true }); !ok {
+		if r.now().cancel {
+			<-r.cancelCh // a Cancel at the same time: its record is written when it returns
 		}
-		r.update(func(rec *ledger.Record) {
-			rec.State = ledger.CancelRequested
-			rec.CancelRequested = true
-		})
-		r.ev.emit(EvCancelRequested, nil)
-		r.cfg.Notice(fmt.Sprintf("run %s: cancelling on %s", r.cfg.ID, r.cfg.Dest))
-		close(r.cancelCh)
-	})
+		return
+	}
+	r.ev.emit(EvCancelRequested, nil)
+	r.cfg.Notice(fmt.Sprintf("run %s: cancelling on %s", r.cfg.ID, r.cfg.Dest))
+	close(r.cancelCh)
 }
 
 func (r *Run) cancelRequested() bool { return isClosed(r.cancelCh) }
@@ -276,7 +312,7 @@ func isClosed(ch <-chan struct{}) bool {
 // up only while detached.
 func (r *Run) gaveUp() bool {
 	if r.cfg.Lease < 0 {
-		if st := r.state(); st != ledger.Detached && st != ledger.Launching {
+		if p := r.now().phase; p != phaseDetached && p != phaseLaunching {
 			return false
 		}
 	}
@@ -341,8 +377,6 @@ func (r *Run) follow(ctx context.Context) int {
 
 func (r *Run) isLaunched() bool { return isClosed(r.launched) }
 
-func (r *Run) markLaunched() { r.launchOnce.Do(func() { close(r.launched); r.gw.forget() }) }
-
 // launch runs `run --detach ... 2>&1 && exec attach` on one connection.
 // The detach's words (its record last) come first on stdout; what comes
 // after the record is the job's. It returns the record when one arrived,
@@ -369,7 +403,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	if lh.mux != nil {
 		g, err := newLaunchGate(ctx)
 		if err != nil {
-			return callResult{code: 255, err: err, noLog: true}, nil, ""
+			return callResult{code: exitcode.Lost, err: err, noLog: true}, nil, ""
 		}
 		gate, line = g, g.wrap(line)
 	}
@@ -389,7 +423,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		// Through a master: the gate's pipe carries "go", then the
 		// secrets.
 		gate.payload = stdin
-		res = lh.callIn(ctx, line, gate.r, pw, errw)
+		res = lh.callIn(longSession(ctx), line, gate.r, pw, errw)
 		gate.close()
 	} else {
 		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
@@ -441,7 +475,6 @@ func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer, gate *launchGate) *l
 				r.out.Write(nl[:])
 			}
 			r.running(&rec)
-			r.markLaunched()
 			io.Copy(r.out, rest)
 			return &rec
 		}
@@ -452,23 +485,26 @@ func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer, gate *launchGate) *l
 	}
 }
 
-// running records the run's start on the host.
+// running records the run's start on the host (its record, or a verdict
+// that the host has it), then wakes what waits for the launch. Once: a
+// second start is refused by the run's state.
 func (r *Run) running(rec *launchRecord) {
-	r.update(func(l *ledger.Record) {
-		if l.State == ledger.Launching {
-			l.State = ledger.Running
-		}
+	if _, ok := r.move(onLaunched, func(l *ledger.Record, _ runState) {
 		l.RemotePID, l.RemotePGID, l.BootID = rec.PID, rec.PGID, rec.BootID
 		l.Reason = ""
-	})
+	}); !ok {
+		return
+	}
 	r.lostSaid.Store(false)
 	r.ev.emit(EvRunning, map[string]any{"remote_pid": rec.PID, "boot_id": rec.BootID})
+	close(r.launched)
+	r.gw.forget()
 }
 
 // attach runs `attach --from N,M` from the byte counts delivered so far.
 func (r *Run) attach(ctx context.Context) callResult {
 	from := fmt.Sprintf("%d,%d", r.out.n.Load(), r.errw.n.Load())
-	if r.state() == ledger.Detached {
+	if r.now().phase == phaseDetached {
 		r.reattaching.Store(from)
 		// Renew at once: the lease may have lost renewals while detached,
 		// and a renewal that succeeds confirms the host is back.
@@ -485,7 +521,7 @@ func (r *Run) attach(ctx context.Context) callResult {
 		// timeout, which finish takes for a live run and follows again).
 		line = r.h.remote("wait", "--timeout", "60s", r.cfg.ID)
 	}
-	res := r.h.call(ctx, line, r.out, r.errw)
+	res := r.h.call(longSession(ctx), line, r.out, r.errw) // muxticket.go
 	if !res.lost() {
 		r.attached()
 		if r.cfg.Lease < 0 || r.renewFailed.Load() {
@@ -505,15 +541,13 @@ func (r *Run) attached() {
 		return
 	}
 	r.lostSaid.Store(false)
-	r.update(func(l *ledger.Record) {
-		if l.State == ledger.Detached {
-			l.State = ledger.Running
-			if l.CancelRequested {
-				l.State = ledger.CancelRequested
-			}
+	if _, ok := r.move(onAttached, func(l *ledger.Record, was runState) {
+		if was.phase == phaseDetached {
 			l.Reason = ""
 		}
-	})
+	}); !ok {
+		return
+	}
 	r.ev.emit(EvAttached, map[string]any{"from": from})
 }
 
@@ -551,31 +585,23 @@ func (r *Run) detached(why string) {
 			r.cfg.Notice(fmt.Sprintf("run %s: cannot reach %s (%s); retrying", r.cfg.ID, r.cfg.Dest, why))
 		}
 	}
-	if r.cfg.Lease < 0 && r.state() != ledger.Detached {
+	if r.cfg.Lease < 0 && r.now().phase != phaseDetached {
 		r.lastRenew.Store(time.Now().UnixNano()) // no lease: give-up counts from the loss
 	}
-	r.update(func(l *ledger.Record) {
-		if l.State != ledger.Launching {
-			l.State = ledger.Detached
-		}
-		l.Reason = why
-	})
+	if _, ok := r.move(onLost, func(l *ledger.Record, _ runState) { l.Reason = why }); !ok {
+		return
+	}
 	r.ev.emit(EvDetached, map[string]any{"reason": why, "stdout_bytes": r.out.n.Load(), "stderr_bytes": r.errw.n.Load()})
 }
 
-// unambiguous reports whether an attach's exit code can only be the run's
-// own code of a finished run: not a code agent-wrap uses for itself, nor
-// one a cancel gives (exitcode.Confirm: the table's rows say which).
-func unambiguous(code int) bool { return !exitcode.Confirm(code) }
-
 // finish settles the run after its attach ended with code. done is false
 // when the run turns out to be live (attach ended early): follow it again.
+// What the code means is judge's to say (outcome.go); finish waits for
+// the cancel's confirmation and asks the host as judge needs.
 func (r *Run) finish(ctx context.Context, code int) (int, bool) {
-	if unambiguous(code) && !r.cancelRequested() {
-		r.settle(ledger.Completed, code, "", "")
-		return code, true
-	}
-	if r.cancelRequested() {
+	r.move(onEnded, nil)
+	f := facts{at: atEnd, code: code, cancel: r.cancelRequested(), dest: r.cfg.Dest, bin: r.cfg.RemoteBin}
+	if f.cancel {
 		// The cancel's confirmation names the final state and cause; it
 		// comes with the attach's end. Without it, ask reconcile.
 		select {
@@ -583,49 +609,54 @@ func (r *Run) finish(ctx context.Context, code int) (int, bool) {
 		case <-time.After(2 * time.Second):
 		case <-ctx.Done():
 		}
-		if f := r.cancelFinal.Load(); f != nil && f.code == code {
-			outcome := ledger.Completed
-			if f.state == "cancelled" {
-				outcome = ledger.Cancelled
-			}
-			r.settle(outcome, code, f.cause, "")
-			return code, true
-		}
+		f.final = r.cancelFinal.Load()
 	}
-	// Ask the host what the code means: the record's state and cause.
 	b := backoff{}
 	for {
-		v, res := r.reconcile(ctx)
-		switch {
-		case res.lost():
+		j := judge(f)
+		if j.noAttach {
+			r.attachRefused()
+		}
+		switch j.next {
+		case doRetry:
 			if r.gaveUp() || ctx.Err() != nil {
 				return r.giveUp(), true
 			}
 			b.wait(ctx)
+			fallthrough
+		case doAsk:
+			// Ask the host what the code means: the record's state and cause.
+			f.v, f.res = r.reconcile(ctx)
+			f.asked = true
 			continue
-		case v == nil:
-			return r.unknown(fmt.Sprintf("reconcile on %s exited %d without a verdict", r.cfg.Dest, res.code)), true
-		}
-		switch v.Outcome {
-		case reconcile.Completed, reconcile.Cancelled:
-			c := code
-			if v.ExitCode != nil {
-				c = *v.ExitCode
-			}
-			if code == 64 && c != 64 {
-				r.attachRefused() // a usage error that was not the run's code
-			}
-			r.settle(v.Outcome, c, v.Evidence.Cause, "")
-			return c, true
-		case reconcile.Running:
-			if code == 64 {
-				r.attachRefused() // the run is live, so the 64 was attach's
-			}
+		case doFollow:
+			r.move(onLive, nil)
 			return 0, false
 		}
-		r.settle(ledger.Unknown, -1, v.Evidence.Cause, v.Reason)
-		return r.unknown(v.Reason), true
+		return r.conclude(j), true
 	}
+}
+
+// conclude records a judgment that ends Follow (doSettle, doLeave), says
+// what it must, and returns Follow's exit code.
+func (r *Run) conclude(j judgment) int {
+	if j.next == doLeave {
+		if j.record {
+			r.update(func(l *ledger.Record) { l.Reason = j.reason })
+		}
+		return r.unknown(j.reason)
+	}
+	r.settle(j.outcome, j.code, j.cause, j.reason)
+	switch {
+	case j.outcome == ledger.Unknown:
+		return r.unknown(j.reason)
+	case j.notStarted:
+		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, j.reason))
+		if j.hint != "" {
+			r.cfg.Notice("hint: " + j.hint)
+		}
+	}
+	return j.exit
 }
 
 // attachRefused says, once, that the host's agent-wrap has no attach, and
@@ -658,7 +689,9 @@ func askVerdict(ctx context.Context, h *host, id string, timeout time.Duration) 
 
 // settle records the outcome: state settled.
 func (r *Run) settle(outcome string, code int, cause, reason string) {
-	r.update(func(l *ledger.Record) { l.MarkSettled(outcome, code, cause, reason) })
+	if _, ok := r.move(onSettle, func(l *ledger.Record, _ runState) { l.MarkSettled(outcome, code, cause, reason) }); !ok {
+		return
+	}
 	f := map[string]any{"outcome": outcome, "cause": cause}
 	if code >= 0 {
 		f["exit_code"] = code
@@ -671,55 +704,18 @@ func (r *Run) settle(outcome string, code int, cause, reason string) {
 
 // launchFailed answers a launch that ended without a record: the host's
 // agent-wrap refused or failed (its message was relayed), or the host has
-// no agent-wrap. A verdict decides which.
+// no agent-wrap. A verdict decides which (judge, outcome.go).
 func (r *Run) launchFailed(ctx context.Context, code int, said string) int {
+	r.move(onEnded, nil)
 	v, res := r.reconcile(ctx)
-	switch {
-	case v != nil && (v.Outcome == reconcile.Completed || v.Outcome == reconcile.Cancelled):
-		c := code
-		if v.ExitCode != nil {
-			c = *v.ExitCode
-		}
-		r.settle(v.Outcome, c, v.Evidence.Cause, v.Reason)
-		return c
-	case res.code == 127 && v == nil:
-		reason := fmt.Sprintf("%s has no agent-wrap at %q", r.cfg.Dest, r.cfg.RemoteBin)
-		r.settle(ledger.NotStarted, -1, "", reason)
-		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
-		r.cfg.Notice(fmt.Sprintf("hint: install it there with 'agent-wrap deploy %s', or name it with --remote-bin PATH", r.cfg.Dest))
-		return 127
-	case res.code == 66:
-		reason := fmt.Sprintf("the host refused the launch (exit %d)", code)
-		if s := strings.TrimSpace(said); s != "" {
-			reason += ": " + lastLine(s)
-		}
-		r.settle(ledger.NotStarted, -1, "", reason)
-		return code
-	case v != nil:
-		// The ID is there but not ours to have started: a live or unknown
-		// run (exit 75 from the launch). It was not started by this call.
-		reason := fmt.Sprintf("run ID already in use on %s (%s)", r.cfg.Dest, v.Outcome)
-		r.settle(ledger.NotStarted, -1, "", reason)
-		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
-		return code
-	}
-	reason := fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", code, res.why())
-	r.update(func(l *ledger.Record) { l.Reason = reason })
-	return r.unknown(reason)
-}
-
-func lastLine(s string) string {
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		return s[i+1:]
-	}
-	return s
+	return r.conclude(judge(facts{at: atLaunch, code: code, asked: true, v: v, res: res, dest: r.cfg.Dest, bin: r.cfg.RemoteBin, said: said}))
 }
 
 // unknown says the outcome is unknown, naming settle, and returns 255.
 func (r *Run) unknown(reason string) int {
 	r.cfg.Notice(fmt.Sprintf("run %s on %s: outcome unknown: %s", r.cfg.ID, r.cfg.Dest, reason))
 	r.cfg.Notice(fmt.Sprintf("hint: 'agent-wrap settle %s' asks the host again and records the outcome", r.cfg.ID))
-	return 255
+	return exitcode.Lost
 }
 
 // giveUp leaves the run unsettled for settle and returns 255.
@@ -728,17 +724,18 @@ func (r *Run) giveUp() int {
 	if !r.isLaunched() {
 		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); the run was never seen to start", r.cfg.Dest, r.cfg.GiveUp)
 	}
-	r.update(func(l *ledger.Record) {
-		// The same whatever signals arrived: launching for a run never
-		// seen to start (settle may find it not started), else detached.
-		l.State = ledger.Detached
-		if !r.isLaunched() {
-			l.State = ledger.Launching
-		}
+	r.leave(reason)
+	return r.unknown(reason)
+}
+
+// leave leaves the run unsettled for settle, saying why: the same
+// whatever signals arrived, launching for a run never seen to start
+// (settle may find it not started), else detached (onGiveUp).
+func (r *Run) leave(reason string) {
+	r.move(onGiveUp, func(l *ledger.Record, _ runState) {
 		l.Reason = reason
 		l.ControllerPID, l.ControllerStart = 0, 0
 	})
-	return r.unknown(reason)
 }
 
 // renewLoop renews the lease every RenewEvery over its own connection,
@@ -813,7 +810,7 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		var out, errb bytes.Buffer
 		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote(words...), &out, &errb)
-		if res.code == 0 {
+		if res.code == exitcode.OK {
 			line := strings.TrimSpace(out.String())
 			if f, ok := parseFinal(r.cfg.ID, line); ok {
 				r.cancelFinal.Store(&f)
@@ -822,10 +819,10 @@ func (r *Run) cancelLoop(ctx context.Context) {
 			r.ev.emit(EvCancelConfirmed, map[string]any{"record": line})
 			return
 		}
-		if res.code == 66 {
+		if res.code == exitcode.NoInput {
 			return // no such run: nothing to cancel
 		}
-		if res.code == 64 && words[1] == "--json" && olderCancel(errb.String()) {
+		if res.code == exitcode.Usage && words[1] == "--json" && olderCancel(errb.String()) {
 			// An agent-wrap older than cancel --json: its plain cancel
 			// still stops the run and exits 0 only once it is confirmed
 			// terminal; the final record is then learned as after any

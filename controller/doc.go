@@ -55,4 +55,10 @@
 // session on one of agent-wrap's own ControlMasters for the destination,
 // and the runs' renewals are batched per destination as `renew --json
 // ID...` (mux.go, renewbatch.go).
+//
+// Inside, a run's state is one value moved by one transition function
+// (state.go: launching, running, detached, cancel_requested, settling,
+// settled; the ledger's state is its name), and what a run's end means for
+// the ledger (outcome, exit code, cause, reason) is one rule for Follow's
+// end, a launch that failed and Settle (judge, outcome.go).
 package controller

@@ -109,7 +109,9 @@ var ErrRshNoStdin = errors.New("the ssh command does not pass stdin on")
 
 // stdinFlags matches a group of OpenSSH's argument-less flags holding -n
 // or -f.
-var stdinFlags = regexp.MustCompile(`^-[` + sshNoArgFlags + `]*[nf][` + sshNoArgFlags + `]*$`)
+var stdinFlags = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*[nf][` + sshNoArgFlags + `]*$`)
+})
 
 // CheckRshStdin reports whether rsh passes its stdin to the remote
 // command, as the launch of a run with gateways needs: ErrRshNoStdin
@@ -119,7 +121,7 @@ func CheckRshStdin(rsh []string) error {
 		return nil
 	}
 	for _, w := range rsh[1:] {
-		if stdinFlags.MatchString(w) || strings.Contains(strings.ToLower(w), "stdinnull") {
+		if stdinFlags().MatchString(w) || strings.Contains(strings.ToLower(w), "stdinnull") {
 			return fmt.Errorf("%w: %q", ErrRshNoStdin, w)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
@@ -59,7 +60,7 @@ func (h *host) permanent(res callResult) (sshFailure, bool) {
 		// The client itself could not be started.
 		return sshFailure{line: res.err.Error(), hint: fmt.Sprintf("check --rsh (or $AGENT_WRAP_RSH): %q must be a program on PATH", h.rsh[0])}, true
 	}
-	if res.code != 255 {
+	if res.code != exitcode.Lost {
 		return sshFailure{}, false
 	}
 	for _, text := range []string{res.fullLog, res.early} {
@@ -82,7 +83,7 @@ func (r *Run) cannotConnect(f sshFailure) int {
 	r.settle(ledger.NotStarted, -1, "", reason)
 	r.cfg.Notice(fmt.Sprintf("run %s: not started: ssh cannot connect to %s: %s", r.cfg.ID, r.cfg.Dest, f.line))
 	r.cfg.Notice("hint: " + f.hint)
-	return 255
+	return exitcode.Lost
 }
 
 // preLoginLines are ssh's words for a connection that ended before the
@@ -145,16 +146,20 @@ func logLevelOpts(rsh []string) []string {
 // of them is a group of flags.
 const sshNoArgFlags = "46AaCfGgKkMNnqsTtVvXxYy"
 
+// Compiled on first use: every agent-wrap command, a wrapper too, would
+// otherwise compile them at start (see "Memory" in bench/cmd/awbench/host.md).
 var (
-	quietGroup = regexp.MustCompile(`^-[` + sshNoArgFlags + `]*q[` + sshNoArgFlags + `]*$`)
-	socketFlag = regexp.MustCompile(`^-[` + sshNoArgFlags + `]*S`)
+	quietGroup = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*q[` + sshNoArgFlags + `]*$`)
+	})
+	socketFlag = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*S`) })
 )
 
 // quietFlag reports whether the rsh words hold -q, which silences ssh's
 // log whatever LogLevel says.
 func quietFlag(rsh []string) bool {
 	for _, w := range rsh[1:] {
-		if quietGroup.MatchString(w) {
+		if quietGroup().MatchString(w) {
 			return true
 		}
 	}
@@ -166,7 +171,7 @@ func quietFlag(rsh []string) bool {
 // A mention anywhere in the rsh words or the ssh configuration counts.
 func muxPossible(rsh []string) bool {
 	for _, w := range rsh[1:] {
-		if strings.Contains(strings.ToLower(w), "controlpath") || socketFlag.MatchString(w) {
+		if strings.Contains(strings.ToLower(w), "controlpath") || socketFlag().MatchString(w) {
 			return true
 		}
 	}

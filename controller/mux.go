@@ -181,7 +181,7 @@ func hashWords(words []string) string {
 func setsControl(rsh []string, dest string) bool {
 	for _, w := range rsh[1:] {
 		lw := strings.ToLower(w)
-		if strings.Contains(lw, "controlpath") || strings.Contains(lw, "controlmaster") || socketFlag.MatchString(w) || w == "-M" {
+		if strings.Contains(lw, "controlpath") || strings.Contains(lw, "controlmaster") || socketFlag().MatchString(w) || w == "-M" {
 			return true
 		}
 	}
@@ -241,20 +241,27 @@ const (
 )
 
 // call runs line as a session on one of the masters, starting or replacing
-// one as needed. A session refused by a full master, or by a dead one, is
-// tried again on another: the remote command had not started.
+// one as needed, with a ticket of that master held for as long as its
+// client runs (muxticket.go). A session refused by a full master, or by a
+// dead one, is tried again on another: the remote command had not started.
 func (m *mux) call(ctx context.Context, h *host, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
+	long := isLongSession(ctx)
 	tried := map[int]bool{}
 	dead := map[int]int{}
 	for attempt := 0; attempt < 2*maxMasters; attempt++ {
-		slot, res := m.pick(ctx, h, tried)
+		t, res := m.pick(ctx, h, tried, long)
 		if res != nil {
 			return *res
 		}
-		if slot < 0 {
+		if t == nil {
 			break // every master is full: a connection of its own
 		}
+		slot := t.slot
 		r := h.exec(ctx, m.clientOpts(slot), line, stdin, stdout, stderr)
+		if r.code == 255 && strings.Contains(r.fullLog, markFull) {
+			m.learnCap(t) // before the ticket goes: it counts the others
+		}
+		t.release()
 		if r.lost() && !strings.Contains(r.fullLog, markFallback) {
 			// A session lost, or killed by its caller (a cancel, a
 			// timeout): its master may be dead or stuck (a network that
@@ -347,70 +354,92 @@ func (m *mux) slots() []int {
 	return s
 }
 
-// pick returns a slot whose master answers and is not known to be full,
-// starting a master when there is none: in the first slot with neither a
-// live master nor one being started. Up to maxStarting masters of a
-// destination are started at once (each marked HASH.N.starting by its
-// starter, under the destination's lock, which is not held during the
-// handshake): a burst of hundreds of runs needs tens of masters, and one at
-// a time each handshake would be waited for in turn, while a few at once
-// stay far below sshd's MaxStartups. -1: every slot is taken and full. A
-// non-nil result is a master that could not be started (a connection that
-// failed, as a call's would).
-func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool) (int, *callResult) {
+// pick returns a ticket of a live master for a call of its kind (long or
+// short, see muxticket.go), starting a master when none has a ticket free:
+// in the first slot with neither a live master nor one being started. Up
+// to maxStarting masters of a destination are started at once (each marked
+// HASH.N.starting by its starter, under the destination's lock, which is
+// not held during the handshake): a burst of hundreds of runs needs tens of
+// masters, and one at a time each handshake would be waited for in turn,
+// while a few at once stay far below sshd's MaxStartups. A long call that
+// finds no ticket waits in line (HASH.queue) for its turn to look. nil and
+// no result: every slot is taken and full. A non-nil result is a master
+// that could not be started (a connection that failed, as a call's would).
+func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool, long bool) (*ticket, *callResult) {
+	if t := m.freeTicket(tried, long); t != nil {
+		return t, nil
+	}
+	unqueue := func() {}
+	if long {
+		unlock, err := lockFile(ctx, m.base+".queue", syscall.LOCK_EX)
+		if err != nil {
+			return nil, lockFailed(ctx, "the ControlMaster queue", err)
+		}
+		var once sync.Once
+		unqueue = func() { once.Do(unlock) }
+	}
+	defer unqueue()
 	wait := 5 * time.Millisecond
 	for {
-		for _, s := range m.slots() {
-			if !tried[s] && !m.isFull(s) && sockAlive(m.sock(s)) {
-				return s, nil
-			}
+		if t := m.freeTicket(tried, long); t != nil {
+			return t, nil
 		}
-		slot, claimed, res := m.claimSlot(ctx, tried)
-		if res != nil || slot == -1 || slot >= 0 && !claimed {
-			return slot, res
-		}
-		if claimed {
+		t, slot, res := m.claimSlot(ctx, tried, long)
+		switch {
+		case res != nil || t != nil:
+			return t, res
+		case slot == -1:
+			return nil, nil
+		case slot >= 0:
+			// Claimed: the next in line may start another meanwhile.
+			unqueue()
 			res := m.start(ctx, h, slot)
 			os.Remove(m.sock(slot) + ".starting")
 			if res.code != 0 || res.err != nil {
-				return 0, &res
+				return nil, &res
 			}
-			return slot, nil
+			if t := m.takeTicket(slot, long); t != nil {
+				return t, nil
+			}
+			continue
 		}
 		// maxStarting are being started: one of them, soon.
-		t := time.NewTimer(wait)
+		tm := time.NewTimer(wait)
 		wait = min(2*wait, 100*time.Millisecond)
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return 0, &callResult{code: -1, sshLog: "waiting for a ControlMaster: " + ctx.Err().Error(), noLog: true}
-		case <-t.C:
+			tm.Stop()
+			return nil, &callResult{code: -1, sshLog: "waiting for a ControlMaster: " + ctx.Err().Error(), noLog: true}
+		case <-tm.C:
 		}
 	}
+}
+
+// lockFailed is the result of a call that could not take one of the
+// destination's locks: nothing was sent, no client was started.
+func lockFailed(ctx context.Context, what string, err error) *callResult {
+	res := callResult{code: 255, sshLog: what + " lock: " + err.Error(), noLog: true}
+	if ctx.Err() != nil {
+		res.code = -1
+	}
+	return &res
 }
 
 // maxStarting bounds the masters of a destination being started at once.
 const maxStarting = 2
 
-// claimSlot, under the destination's lock, returns a live master that
-// another caller started meanwhile, or marks the first free slot as being
-// started by this process and returns it, claimed; -2: maxStarting are
-// being started, wait; -1: no slot left.
-func (m *mux) claimSlot(ctx context.Context, tried map[int]bool) (slot int, claimed bool, res *callResult) {
+// claimSlot, under the destination's lock, returns a ticket of a master
+// that another caller started meanwhile, or marks the first free slot as
+// being started by this process and returns it, claimed; -2: maxStarting
+// are being started, wait; -1: no slot left.
+func (m *mux) claimSlot(ctx context.Context, tried map[int]bool, long bool) (t *ticket, slot int, res *callResult) {
 	unlock, err := lockFile(ctx, m.base+".lock", syscall.LOCK_EX)
 	if err != nil {
-		// Nothing was sent: no client was started.
-		res := callResult{code: 255, sshLog: "the ControlMaster lock: " + err.Error(), noLog: true}
-		if ctx.Err() != nil {
-			res.code = -1
-		}
-		return 0, false, &res
+		return nil, 0, lockFailed(ctx, "the ControlMaster", err)
 	}
 	defer unlock()
-	for _, s := range m.slots() {
-		if !tried[s] && !m.isFull(s) && sockAlive(m.sock(s)) {
-			return s, false, nil
-		}
+	if t := m.freeTicket(tried, long); t != nil {
+		return t, 0, nil
 	}
 	starting, free := 0, -1
 	for s := 0; s < maxMasters; s++ {
@@ -423,18 +452,18 @@ func (m *mux) claimSlot(ctx context.Context, tried map[int]bool) (slot int, clai
 	}
 	switch {
 	case starting >= maxStarting:
-		return -2, false, nil
+		return nil, -2, nil
 	case free < 0 && starting > 0:
-		return -2, false, nil
+		return nil, -2, nil
 	case free < 0:
-		return -1, false, nil
+		return nil, -1, nil
 	}
 	os.Remove(m.sock(free)) // a dead master's socket
 	st, _ := proc.ReadStat(os.Getpid())
 	if err := os.WriteFile(m.sock(free)+".starting", []byte(fmt.Sprintf("%d %d\n", os.Getpid(), st.Start)), 0o600); err != nil {
-		return 0, false, &callResult{code: 255, sshLog: "the ControlMaster slot: " + err.Error(), noLog: true}
+		return nil, 0, &callResult{code: 255, sshLog: "the ControlMaster slot: " + err.Error(), noLog: true}
 	}
-	return free, true, nil
+	return nil, free, nil
 }
 
 // beingStarted reports whether slot's master is being started: its
@@ -462,6 +491,7 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	os.Remove(logPath)
 	os.Remove(m.sock(slot) + ".pid")
 	os.Remove(m.sock(slot) + ".full") // a new master has room
+	m.removeSlotFiles(slot)
 	args := append(logLevelOpts(h.rsh), "-o", "ControlMaster=yes", "-o", "ControlPath="+m.sock(slot), "-o", "ControlPersist="+muxPersist)
 	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
@@ -523,19 +553,12 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	return res
 }
 
-// recordPID writes base.N.pid: "PID START", the master's PID as `ssh -O
-// check` reports it and its start time, so that it can be told apart from
-// a later process of the same PID.
+// recordPID writes base.N.pid: "PID START", the master's PID as it
+// reports it (masterPID) and its start time, so that it can be told apart
+// from a later process of the same PID.
 func (m *mux) recordPID(slot int) {
-	out, _ := exec.Command(m.ssh, "-F", "/dev/null", "-o", "ControlPath="+m.sock(slot), "-O", "check", "agent-wrap-mux").CombinedOutput()
-	s := string(out)
-	i := strings.Index(s, "(pid=")
-	if i < 0 {
-		return
-	}
-	s = s[i+5:]
-	pid, err := strconv.Atoi(s[:strings.IndexByte(s+")", ')')])
-	if err != nil {
+	pid, err := masterPID(m.sock(slot), 5*time.Second)
+	if err != nil || pid <= 0 {
 		return
 	}
 	st, err := proc.ReadStat(pid)
@@ -589,12 +612,7 @@ func (m *mux) release() {
 // socket, then SIGKILL to its recorded PID if it lingers (checked against
 // its start time). Called with the users lock held exclusively.
 func (m *mux) stopAll() {
-	names, _ := filepath.Glob(m.base + ".*")
-	for _, n := range names {
-		i, err := strconv.Atoi(strings.TrimPrefix(n, m.base+"."))
-		if err != nil || i < 0 || i >= maxMasters {
-			continue
-		}
+	for i := 0; i < maxMasters; i++ {
 		p := m.sock(i)
 		if sockAlive(p) {
 			_ = exec.Command(m.ssh, "-F", "/dev/null", "-o", "ControlPath="+p, "-O", "exit", "agent-wrap-mux").Run()
@@ -613,6 +631,7 @@ func (m *mux) stopAll() {
 		os.Remove(p + ".log")
 		os.Remove(p + ".full")
 		os.Remove(p + ".starting")
+		m.removeSlotFiles(i)
 	}
 }
 

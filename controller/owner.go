@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
@@ -309,7 +310,7 @@ func (r *Run) Follow(ctx context.Context) int {
 	code := r.follow(ctx)
 	if err := r.w.finish(); err != nil {
 		r.cfg.Notice(err.Error())
-		return 255
+		return exitcode.Lost
 	}
 	return code
 }

@@ -56,11 +56,10 @@ func (r *Run) launchStep(ctx context.Context, b *backoff, probe *bool) (code int
 			// The lost launch did reach the host: the run is there (its
 			// record was not seen; reconcile has no pid).
 			r.running(&launchRecord{RunID: r.cfg.ID})
-			r.markLaunched()
 			return 0, false
-		case res.code == 66 && r.cancelRequested():
+		case noSuchRun(v, res) && r.cancelRequested():
 			return r.cancelledBeforeLaunch("cancelled before the launch reached the host")
-		case res.code == 66:
+		case noSuchRun(v, res):
 			*probe = false // never claimed: launch again (the claim is atomic)
 		case res.lost() && r.cancelRequested():
 			return r.cancelMaybeLaunched(ctx)
@@ -114,11 +113,10 @@ func (r *Run) cancelMaybeLaunched(ctx context.Context) (int, bool) {
 	switch {
 	case v != nil:
 		// It reached the host: a run like any other now, cancelled by the
-		// remote cancel, confirmed (cancelLoop starts on markLaunched).
+		// remote cancel, confirmed (cancelLoop starts once running wakes it).
 		r.running(&launchRecord{RunID: r.cfg.ID})
-		r.markLaunched()
 		return 0, false
-	case res.code == 66:
+	case noSuchRun(v, res):
 		return r.cancelledBeforeLaunch("cancelled before the launch reached the host")
 	}
 	why := res.why()
@@ -128,10 +126,6 @@ func (r *Run) cancelMaybeLaunched(ctx context.Context) (int, bool) {
 		why = fmt.Sprintf("reconcile exited %d without a verdict", res.code)
 	}
 	reason := fmt.Sprintf("cancelled while a launch may have reached %s, and the host could not be asked (%s)", r.cfg.Dest, why)
-	r.update(func(l *ledger.Record) {
-		l.State = ledger.Launching // never seen to start, as after a give-up
-		l.Reason = reason
-		l.ControllerPID, l.ControllerStart = 0, 0
-	})
+	r.leave(reason) // never seen to start: launching, as after a give-up
 	return r.unknown(reason), true
 }

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/exitcode"
 )
 
 // Quote returns words as one POSIX shell line in which each word arrives
@@ -284,7 +286,7 @@ func removeSSHLogs(logDir, id string) {
 
 // callResult is how one remote call ended.
 type callResult struct {
-	code   int    // the remote command's exit status; 255 when ssh failed; -1 when killed
+	code   int    // the remote command's exit status; exitcode.Lost (255) when ssh failed; -1 when killed
 	sshLog string // what ssh itself said (its -E log): the last line that tells why
 	err    error  // the client could not be started
 	// For what the launch phase judges (see launchfail.go and precancel.go):
@@ -296,7 +298,7 @@ type callResult struct {
 
 // lost reports whether the call failed as a connection: ssh's 255, or the
 // client killed.
-func (c callResult) lost() bool { return c.code == 255 || c.code == -1 || c.err != nil }
+func (c callResult) lost() bool { return c.code == exitcode.Lost || c.code == -1 || c.err != nil }
 
 // why says, for a lost call, what ssh said.
 func (c callResult) why() string {
@@ -363,7 +365,7 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.
 		cmd.WaitDelay = muxWaitDelay
 	}
 	if err := cmd.Start(); err != nil {
-		return callResult{code: 255, err: err}
+		return callResult{code: exitcode.Lost, err: err}
 	}
 	pid := cmd.Process.Pid
 	release := guardClient(pid)
@@ -381,7 +383,7 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.
 		// The client ended; its master still held the pipes.
 		res.code = cmd.ProcessState.ExitCode()
 	default:
-		res.code, res.err = 255, err
+		res.code, res.err = exitcode.Lost, err
 	}
 	if logPath != "" {
 		b, err := os.ReadFile(logPath)

@@ -7,16 +7,16 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
-	"github.com/agent-wrap/agent-wrap/reconcile"
 )
 
 // What Settle found, as settle's exit code gives it.
 const (
-	SettleDone        = 0   // the outcome is recorded (settled)
-	SettleRunning     = 3   // the run is still running on its host (or its controller still drives it)
-	SettleUnknown     = 4   // the host cannot say; recorded as settled, outcome unknown
-	SettleUnreachable = 255 // the host could not be asked; nothing changed
+	SettleDone        = exitcode.OK      // the outcome is recorded (settled)
+	SettleRunning     = exitcode.Running // the run is still running on its host (or its controller still drives it)
+	SettleUnknown     = exitcode.Unknown // the host cannot say; recorded as settled, outcome unknown
+	SettleUnreachable = exitcode.Lost    // the host could not be asked; nothing changed
 )
 
 // Needed reports whether Settle has something to learn about rec: it is
@@ -49,9 +49,10 @@ var ErrAlreadySettled = errors.New("already settled")
 // under the claim, so that two settles at once settle a run once. A run
 // whose owner still drives it (ledger.OwnerGone: its process on this
 // machine, its heartbeat elsewhere) is left alone: the controller settles
-// it. The host's 66 (no such run) is not_started only while the ledger says
-// launching, since a run that was seen running cannot have not started;
-// otherwise it is unknown.
+// it. What the verdict means is judge's to say (outcome.go): the host's 66
+// (no such run), say, is not_started only while the ledger says launching,
+// since a run that was seen running cannot have not started; otherwise it
+// is unknown.
 func Settle(ctx context.Context, l ledger.Store, id string, opt SettleOptions) (*ledger.Record, int, error) {
 	rec, err := l.Read(ctx, id)
 	if err != nil {
@@ -87,31 +88,14 @@ func Settle(ctx context.Context, l ledger.Store, id string, opt SettleOptions) (
 	defer h.close()
 	h.noKeepalive() // one short call: ssh's own timeouts do
 	v, res := askVerdict(ctx, h, id, time.Duration(rec.Grace*float64(time.Second))+60*time.Second)
-	outcome, reason, cause, code := "", "", "", -1
-	switch {
-	case res.lost():
-		return rec, SettleUnreachable, fmt.Errorf("cannot reach %s: %s", rec.Dest, res.why())
-	case v == nil && res.code == 66:
-		if rec.State == ledger.Launching {
-			outcome, reason = ledger.NotStarted, "the host has no run of this ID: it was never started"
-		} else {
-			outcome, reason = ledger.Unknown, "the host has no run of this ID, though it was seen "+rec.State
-		}
-	case v == nil && res.code == 127:
-		return rec, SettleUnreachable, fmt.Errorf("%s has no agent-wrap at %q (exit 127)", rec.Dest, rec.RemoteBin)
-	case v == nil:
-		return rec, SettleUnreachable, fmt.Errorf("reconcile on %s exited %d without a verdict", rec.Dest, res.code)
-	case v.Outcome == reconcile.Running:
-		return rec, SettleRunning, errors.New(v.Reason)
-	case v.Outcome == reconcile.Completed || v.Outcome == reconcile.Cancelled:
-		outcome, cause, reason = v.Outcome, v.Evidence.Cause, ""
-		if v.ExitCode != nil {
-			code = *v.ExitCode
-		}
-	default:
-		outcome, cause, reason = ledger.Unknown, v.Evidence.Cause, v.Reason
+	j := judge(facts{at: atSettle, code: -1, state: rec.State, asked: true, v: v, res: res, dest: rec.Dest, bin: rec.RemoteBin})
+	switch j.next {
+	case doRetry, doLeave:
+		return rec, SettleUnreachable, errors.New(j.reason)
+	case doFollow:
+		return rec, SettleRunning, errors.New(j.reason)
 	}
-	rec.MarkSettled(outcome, code, cause, reason)
+	rec.MarkSettled(j.outcome, j.code, j.cause, j.reason)
 	rec.SettledBy = me
 	if err := claim.Settle(ctx, rec); err != nil {
 		return rec, SettleUnreachable, err
@@ -119,7 +103,7 @@ func Settle(ctx context.Context, l ledger.Store, id string, opt SettleOptions) (
 	// The controller is gone (checked above): what it left of ssh's logs
 	// is of no further use.
 	removeSSHLogs(opt.LogDir, id)
-	if outcome == ledger.Unknown {
+	if j.outcome == ledger.Unknown {
 		return rec, SettleUnknown, nil
 	}
 	return rec, SettleDone, nil

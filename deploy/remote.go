@@ -76,12 +76,17 @@ func (r Result) String() string {
 	return fmt.Sprintf("%s ok: linux/%s, %s", r.Host, r.Arch, what)
 }
 
-// goarch maps `uname -m` to the Go architecture of the build to send.
-var goarch = map[string]string{
-	"x86_64":  "amd64",
-	"amd64":   "amd64",
-	"aarch64": "arm64",
-	"arm64":   "arm64",
+// goarch maps `uname -m` to the Go architecture of the build to send. (A
+// switch, not a package-level map: a map literal is built at every start
+// of the binary.)
+func goarch(machine string) (string, bool) {
+	switch machine {
+	case "x86_64", "amd64":
+		return "amd64", true
+	case "aarch64", "arm64":
+		return "arm64", true
+	}
+	return "", false
 }
 
 // Deploy copies the matching build to host ([user@]name, as ssh takes it),
@@ -107,7 +112,7 @@ func (r *Remote) Deploy(ctx context.Context, host string) (res Result) {
 		res.Err = fmt.Errorf("not a Linux host: uname -sm says %q", uname)
 		return res
 	}
-	arch, ok := goarch[f[1]]
+	arch, ok := goarch(f[1])
 	if !ok {
 		res.Err = fmt.Errorf("no build for machine %q (have amd64 for x86_64, arm64 for aarch64)", f[1])
 		return res

@@ -136,7 +136,7 @@ func TestFanoutThroughMux(t *testing.T) {
 	}
 	for i, k := range ctls {
 		id := fmt.Sprintf("fan-%02d", i)
-		if code := k.wait(t); code != i%3 {
+		if code := k.waitWithin(t, 4*time.Minute); code != i%3 {
 			t.Errorf("run %s: exit %d, want %d\nstderr: %s", id, code, i%3, k.stderr())
 		}
 		if !strings.Contains(k.stdout(), fmt.Sprintf("all-%d\n", i)) {
@@ -349,4 +349,128 @@ func TestMuxLaunchKilledInMasterRunsNothing(t *testing.T) {
 	}
 	keep.signal(t, syscall.SIGTERM)
 	keep.wait(t)
+}
+
+// waitWithin is ctl.wait with a deadline of d instead of a minute: the
+// first controller of a burst waits for the whole burst's launches.
+func (k *ctl) waitWithin(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-k.done:
+	case <-time.After(d):
+	}
+	return k.wait(t)
+}
+
+// TestFanoutMastersFill: 20 concurrent controllers against an sshd that
+// allows 4 sessions a connection (MaxSessions 4, MaxStartups at its
+// default): the masters fill and new ones open, the host's limit is learned
+// from its first refusal (a master's cap, HASH.N.cap, of at most 4) rather
+// than met by every call, and with every master full of launches and
+// attaches the runs' renewals still find the session kept for them (the
+// jobs outlive their 8 s leases by far, so a renewal starved is a run
+// ended by its lease). Every run settles completed with its own code, no
+// controller lost a connection, and nothing is left: no process of any
+// run on the host, no master, no client, once the controllers have ended.
+func TestFanoutMastersFill(t *testing.T) {
+	t.Parallel()
+	const runs = 20
+	c := newCtlHarness(t, sshtest.MaxSessions(4))
+	dir := muxDirFor(t)
+	barrier := t.TempDir()
+
+	stop := make(chan struct{})
+	seen := watchMasters(t, dir, stop)
+	var capMu sync.Mutex
+	caps := map[string]string{}
+	capsDone := make(chan struct{})
+	go func() {
+		defer close(capsDone)
+		for {
+			names, _ := filepath.Glob(filepath.Join(dir, "*.cap"))
+			for _, n := range names {
+				if b, err := os.ReadFile(n); err == nil {
+					capMu.Lock()
+					caps[n] = strings.TrimSpace(string(b))
+					capMu.Unlock()
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	ctls := make([]*ctl, runs)
+	for i := range ctls {
+		id := fmt.Sprintf("fill-%02d", i)
+		job := fmt.Sprintf("touch %s/%s; while [ $(ls %s | wc -l) -lt %d ]; do sleep 0.2; done; echo all-%d; sleep 14; exit %d",
+			barrier, id, barrier, runs, i, i%3)
+		ctls[i] = c.start(id, []string{"--lease", "8s", "--renew-every", "2s"}, "sh", "-c", job)
+	}
+	for i, k := range ctls {
+		id := fmt.Sprintf("fill-%02d", i)
+		if code := k.waitWithin(t, 4*time.Minute); code != i%3 {
+			t.Errorf("run %s: exit %d, want %d\nstderr: %s", id, code, i%3, k.stderr())
+		}
+		if !strings.Contains(k.stdout(), fmt.Sprintf("all-%d\n", i)) {
+			t.Errorf("run %s: stdout %q lacks its line", id, k.stdout())
+		}
+		if strings.Contains(k.stderr(), "lost") {
+			t.Errorf("run %s: the controller lost a connection:\n%s", id, k.stderr())
+		}
+		c.wantSettled(id, ledger.Completed, "", i%3)
+	}
+	if t.Failed() {
+		b, _ := os.ReadFile(c.events)
+		t.Logf("events:\n%s", b)
+	}
+	close(stop)
+	masters := seen()
+	<-capsDone
+
+	_, peak, total := c.rl.Connections()
+	t.Logf("connections through the relay: at most %d at once, %d in all; masters seen: %d; caps learned: %v", peak, total, len(masters), caps)
+	// 4 sessions a connection: 20 sessions at once need 5 masters at
+	// least (7 once each master's cap is learned and its 4th session is
+	// kept for short calls; a session that took it before is not moved).
+	if len(masters) < runs/4 {
+		t.Errorf("%d masters for %d long sessions at once against MaxSessions 4: full masters were not answered by new ones", len(masters), runs)
+	}
+	if peak > 12 {
+		t.Errorf("the host saw %d ssh connections at once, want at most 12", peak)
+	}
+	learned := false
+	for _, v := range caps {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 4 {
+			t.Errorf("a master's learned cap is %q, want 1 to 4 (the host's MaxSessions)", v)
+		}
+		learned = learned || err == nil
+	}
+	if !learned {
+		t.Error("no master learned the host's MaxSessions from a refusal")
+	}
+	for _, bad := range []string{"MaxStartups", "drop connection"} {
+		if strings.Contains(c.srv.Log(), bad) {
+			t.Errorf("sshd said %q", bad)
+		}
+	}
+
+	// Nothing left: no process of any run, no master, no client.
+	for i := 0; i < runs; i++ {
+		rec, err := c.status(fmt.Sprintf("fill-%02d", i))
+		if err != nil || !rec.terminal() {
+			t.Errorf("run fill-%02d on the host: %+v (%v), want a terminal record", i, rec, err)
+			continue
+		}
+		waitGroupEmpty(t, rec.PGID)
+	}
+	for m := range masters {
+		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !alive(m.pid, m.start) })
+	}
+	if left := processesUnder(dir); len(left) > 0 {
+		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))
+	}
 }

@@ -9,6 +9,7 @@ package exitcode
 import (
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The codes by name. A run's own outcome (the job's code, 128+N, ...) is
@@ -116,8 +117,9 @@ func (r Row) Numbers() []int {
 	return out
 }
 
-// confirm is the set of codes a Confirm row of Table names.
-var confirm = func() map[int]bool {
+// confirm is the set of codes a Confirm row of Table names, made on first
+// use (only the controller asks).
+var confirm = sync.OnceValue(func() map[int]bool {
 	m := map[int]bool{}
 	for _, r := range Table {
 		if r.Confirm {
@@ -127,12 +129,12 @@ var confirm = func() map[int]bool {
 		}
 	}
 	return m
-}()
+})
 
 // Confirm reports whether an attach that ends with code needs confirming
 // before the controller settles the run as completed with it: agent-wrap
 // itself or a cancel gives that code (a Confirm row of Table), or it is no
 // exit code at all.
 func Confirm(code int) bool {
-	return code < 0 || code > 255 || confirm[code]
+	return code < 0 || code > 255 || confirm()[code]
 }

@@ -1,6 +1,7 @@
 package httpgw
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -186,15 +187,15 @@ func Listen(cfg Config) (*Gateway, error) {
 		g.header = s.headerValue()
 	}
 	g.tr = &http.Transport{
-		Proxy:               nil, // HTTPS_PROXY must not divert the credential
-		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     tlsConf,
-		TLSHandshakeTimeout: 15 * time.Second,
+		Proxy:       nil, // HTTPS_PROXY must not divert the credential
+		DialContext: upstreamDialer.DialContext,
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return dialTLS(ctx, network, addr, tlsConf)
+		},
 		MaxIdleConns:        16,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true, // bodies pass as they are
-		ReadBufferSize:      64 << 10,
 		WriteBufferSize:     64 << 10,
 		// HTTP/1.1 to the upstream: aborting a request closes its
 		// connection, which is what revocation promises.
@@ -206,6 +207,7 @@ func Listen(cfg Config) (*Gateway, error) {
 		ErrorHandler:   g.upstreamError,
 		ErrorLog:       discardLog,
 		BufferPool:     copyBuffers,
+		FlushInterval:  flushEvery, // countingWriter gathers between flushes
 	}
 	g.srv = &http.Server{
 		Handler:           g,
@@ -402,6 +404,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = body
 	}
 	defer func() {
+		p := recover()
+		cw.end(p != nil)
 		e := End{Seq: f.seq, Status: cw.status, BytesDown: cw.n, Duration: time.Since(began)}
 		if body != nil {
 			e.BytesUp = body.n
@@ -411,6 +415,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.mu.Unlock()
 		if g.cfg.Ended != nil {
 			g.cfg.Ended(e)
+		}
+		if p != nil {
+			panic(p)
 		}
 	}()
 	g.proxy.ServeHTTP(cw, r.WithContext(context.WithValue(f.ctx, flightKey, f)))
@@ -526,11 +533,66 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	w.Write(append(b, '\n'))
 }
 
+// upstreamDialer dials the upstream's TCP connections.
+var upstreamDialer = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+
+// readAhead is how much of an upstream connection's TLS stream one read(2)
+// may take at once.
+const readAhead = 128 << 10
+
+// dialTLS opens a TLS connection to the upstream at addr, verified with
+// conf for addr's host (what http.Transport does itself), over a TCP
+// connection read through a buffer of readAhead bytes. crypto/tls reads
+// from the socket about a record at a time; during a large download that
+// was a read(2), and often a wait in the poller, for every 16 KiB. The
+// handshake has 15 s.
+func dialTLS(ctx context.Context, network, addr string, conf *tls.Config) (net.Conn, error) {
+	raw, err := upstreamDialer.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	c := conf.Clone()
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		c.ServerName = host
+	}
+	tc := tls.Client(&readAheadConn{Conn: raw, r: bufio.NewReaderSize(raw, readAhead)}, c)
+	hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// readAheadConn is a connection whose reads go through r.
+type readAheadConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *readAheadConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// countingWriter is the job's side of a response: it counts the bytes
+// that reach the job's connection (n) and gathers the body into writes of
+// up to a copy buffer's size. The upstream's TLS records carry 16 KiB each;
+// written one by one, a large download cost the job a wake-up and the
+// wrapper a write(2) per record, which was most of the gateway's CPU. What
+// is gathered goes out when the buffer is full, at the proxy's flush (at
+// most flushEvery after the first byte of it; at once, write by write, for
+// a streamed response: an event stream or a body of unknown length), and
+// at the response's end.
 type countingWriter struct {
 	http.ResponseWriter
 	status int
 	n      int64
+	buf    []byte // from copyBuffers while the response has one
+	err    error  // the first write error, returned from then on
 }
+
+// flushEvery bounds how long a byte of a response of known length waits in
+// the gateway before it is written to the job.
+const flushEvery = 2 * time.Millisecond
 
 func (c *countingWriter) WriteHeader(code int) {
 	if code >= 200 && c.status == 0 {
@@ -543,9 +605,58 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 	if c.status == 0 {
 		c.status = http.StatusOK
 	}
-	n, err := c.ResponseWriter.Write(b)
+	if c.err != nil {
+		return 0, c.err
+	}
+	if c.buf == nil {
+		c.buf = copyBuffers.Get()[:0]
+	}
+	if len(c.buf)+len(b) > cap(c.buf) {
+		if err := c.drain(); err != nil {
+			return 0, err
+		}
+		if len(b) >= cap(c.buf) {
+			n, err := c.ResponseWriter.Write(b)
+			c.n += int64(n)
+			c.err = err
+			return n, err
+		}
+	}
+	c.buf = append(c.buf, b...)
+	return len(b), nil
+}
+
+// drain writes what is gathered.
+func (c *countingWriter) drain() error {
+	if len(c.buf) == 0 || c.err != nil {
+		return c.err
+	}
+	n, err := c.ResponseWriter.Write(c.buf)
 	c.n += int64(n)
-	return n, err
+	c.buf, c.err = c.buf[:0], err
+	return err
+}
+
+// FlushError writes what is gathered and flushes the job's connection.
+func (c *countingWriter) FlushError() error {
+	if err := c.drain(); err != nil {
+		return err
+	}
+	return http.NewResponseController(c.ResponseWriter).Flush()
+}
+
+// end writes what is left, once the proxy is done with the response, and
+// gives the buffer back. With abort (the proxy gave up on the response),
+// what is left is dropped: the job's connection is being cut.
+func (c *countingWriter) end(abort bool) {
+	if c.buf == nil {
+		return
+	}
+	if !abort {
+		_ = c.drain()
+	}
+	copyBuffers.Put(c.buf[:cap(c.buf)])
+	c.buf = nil
 }
 
 func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }

@@ -697,3 +697,37 @@ func gitRun(t *testing.T, dir string, args ...string) string {
 	}
 	return strings.TrimSpace(string(out))
 }
+
+// What the upstream has sent of a response reaches the job while the rest
+// is still to come, with a length (gathered into larger writes between the
+// proxy's flushes) and without one (streamed, write by write); and the
+// whole body arrives once the upstream sends the rest.
+func TestPartialBodyPassesOn(t *testing.T) {
+	up := newUpstream(t, nil)
+	_, file := newSecret(t)
+	root := runtest.NewRoot(t)
+	dir := t.TempDir()
+	job := fmt.Sprintf(`curl -sS -N "$AGENT_WRAP_HTTP_GH/slow" > %[1]s/streamed &
+curl -sS -N "$AGENT_WRAP_HTTP_GH/slow-sized" > %[1]s/sized &
+wait`, dir)
+	c := runtest.Start(t, root, "run", "--lease", "2m",
+		"--http", "gh="+up.base()+"/api", "--http-secret", "gh=file:"+file, "--http-ca", "gh="+up.caFile,
+		"partial", "--", "sh", "-c", job)
+	t.Cleanup(runtest.Run{Root: root, ID: "partial"}.Kill)
+	for _, name := range []string{"streamed", "sized"} {
+		waitFor(t, "the first part of the "+name+" body at the job, the rest still held by the upstream", func() bool {
+			b, _ := os.ReadFile(filepath.Join(dir, name))
+			return string(b) == "first\n"
+		})
+	}
+	close(up.slow)
+	if code := c.Wait(t); code != 0 {
+		t.Fatalf("run: exit %d\nstderr: %s", code, c.Stderr.String())
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "sized")); string(b) != "first\nlater\n" {
+		t.Errorf("the sized body at the job: %q, want %q", b, "first\nlater\n")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "streamed")); string(b) != "first\n" {
+		t.Errorf("the streamed body at the job: %q, want %q", b, "first\n")
+	}
+}

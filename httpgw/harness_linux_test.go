@@ -92,15 +92,11 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	case u.extra != nil && strings.HasPrefix(r.URL.Path, "/git/"):
 		u.extra.ServeHTTP(w, r)
 	case r.URL.Path == "/api/slow":
-		u.started <- struct{}{}
-		w.Header().Set("Content-Type", "text/plain")
-		w.WriteHeader(200)
-		w.Write([]byte("first\n"))
-		w.(http.Flusher).Flush()
-		select {
-		case <-u.slow:
-		case <-r.Context().Done():
-		}
+		u.hold(w, r, false)
+	case r.URL.Path == "/api/slow-sized":
+		// The same with a length: the gateway gathers such a body into
+		// larger writes, and must still pass on what it has meanwhile.
+		u.hold(w, r, true)
 	case r.URL.Path == "/api/redirect-out":
 		http.Redirect(w, r, "https://elsewhere.invalid/steal", http.StatusFound)
 	case r.URL.Path == "/api/redirect-in":
@@ -110,6 +106,28 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		w.Write(make([]byte, 1<<20))
 	default:
 		w.Write([]byte("ok " + r.URL.EscapedPath() + "\n"))
+	}
+}
+
+// hold answers "first\n" at once and holds the rest of the response until
+// u.slow is closed (then "later\n" when sized, the body's length said up
+// front) or the request ends.
+func (u *upstream) hold(w http.ResponseWriter, r *http.Request, sized bool) {
+	u.started <- struct{}{}
+	if sized {
+		w.Header().Set("Content-Length", "12")
+	} else {
+		w.Header().Set("Content-Type", "text/plain")
+	}
+	w.WriteHeader(200)
+	w.Write([]byte("first\n"))
+	w.(http.Flusher).Flush()
+	select {
+	case <-u.slow:
+		if sized {
+			w.Write([]byte("later\n"))
+		}
+	case <-r.Context().Done():
 	}
 }
 

@@ -439,8 +439,11 @@ func (p *Postgres) redact(s string) string {
 	return s
 }
 
-var pwInURL = regexp.MustCompile(`(://[^:/@]*:)[^@/]*@`)
-var pwParam = regexp.MustCompile(`(?i)([?&]password=)[^&]*`)
+// Compiled on first use, not at every start of the binary.
+var (
+	pwInURL = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(://[^:/@]*:)[^@/]*@`) })
+	pwParam = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?i)([?&]password=)[^&]*`) })
+)
 
 // Redact returns the ledger URL s with any password replaced by xxxxx
 // (user:PASSWORD@ and password=PASSWORD); a directory comes back as it is.
@@ -452,10 +455,10 @@ func Redact(s string) string {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), "xxxxx")
 		}
-		return pwParam.ReplaceAllString(u.String(), "${1}xxxxx")
+		return pwParam().ReplaceAllString(u.String(), "${1}xxxxx")
 	}
-	s = pwInURL.ReplaceAllString(s, "${1}xxxxx@")
-	return pwParam.ReplaceAllString(s, "${1}xxxxx")
+	s = pwInURL().ReplaceAllString(s, "${1}xxxxx@")
+	return pwParam().ReplaceAllString(s, "${1}xxxxx")
 }
 
 // encode is the record's JSON, as the record column holds it.

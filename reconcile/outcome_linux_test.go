@@ -17,7 +17,8 @@ import (
 // gives, in every case of the rules, with real processes: it skips the scan
 // of the process table only where the outcome does not depend on it (a
 // wrapper alive, a finished run), and scans where it does (a cancelled run
-// with a process left, a run whose wrapper is gone).
+// with a process left, a run whose wrapper is gone). Where it does not
+// scan it does not wait for the run's lock either.
 func TestGatherOutcomeAgreesWithGather(t *testing.T) {
 	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
 	if err != nil {
@@ -75,7 +76,26 @@ func TestGatherOutcomeAgreesWithGather(t *testing.T) {
 		if err := statusfile.Write(d, rec, false); err != nil {
 			t.Fatal(err)
 		}
-		full, fast := Gather(d), GatherOutcome(d)
+		full := Gather(d)
+		// Another process's stop holds the run's lock meanwhile (a
+		// descriptor of its own: a flock of another open file
+		// description). The outcome does not wait for it where the
+		// outcome cannot depend on it; where it scans, it waits as
+		// Gather does, and says it found the lock busy.
+		held, err := root.Open(c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unlock, err := held.Lock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast := GatherOutcome(d)
+		unlock()
+		held.Close()
+		if fast.LockBusy != c.scans {
+			t.Fatalf("%s: GatherOutcome with the run locked: lock_busy %v, want %v (it waits only where it scans)", c.id, fast.LockBusy, c.scans)
+		}
 		vf, vo := Decide(full), Decide(fast)
 		if vf.Outcome != c.want || vf.Supervisor != c.sup {
 			t.Fatalf("%s: Gather gives %s, supervisor %s; want %s, %s (%s)", c.id, vf.Outcome, vf.Supervisor, c.want, c.sup, vf.Reason)
@@ -87,5 +107,97 @@ func TestGatherOutcomeAgreesWithGather(t *testing.T) {
 			t.Fatalf("%s: GatherOutcome found members %v; want a scan: %v", c.id, fast.Members, c.scans)
 		}
 		d.Close()
+	}
+}
+
+// GatherOutcomeFirst leaves the process table to its caller where the
+// outcome depends on the members, and GatherOutcomeWith judges them in the
+// table read after that first look, as Gather would: a cancelled run with
+// its job still alive is unknown, naming the job. A table read before the
+// record moved on is not used: once the job is dead and the record says
+// so, the stale table (which shows the job alive) would make the run
+// unknown; GatherOutcomeWith reads its own and confirms the cancel.
+func TestGatherOutcomeWithTable(t *testing.T) {
+	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	job := exec.Command("sleep", "300")
+	job.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := job.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reaped := false
+	t.Cleanup(func() {
+		if !reaped {
+			job.Process.Kill()
+			job.Wait()
+		}
+	})
+	js, err := proc.ReadStat(job.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := proc.ReadStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot, err := proc.BootID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := js.PID
+	d, err := root.Create("left")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	code := 143
+	rec := &statusfile.Record{RunID: "left", State: statusfile.Running, PID: pid, PGID: pid, SID: pid,
+		LeaderStart: js.Start, WrapperPID: os.Getpid(), WrapperStart: self.Start + 1, BootID: boot,
+		Command: []string{"sleep", "300"}, CreatedAt: statusfile.Timestamp(time.Now())}
+	if err := statusfile.Write(d, rec, false); err != nil {
+		t.Fatal(err)
+	}
+
+	// The wrapper is gone and the job alive: running, supervisor lost.
+	first, needs := GatherOutcomeFirst(d)
+	if !needs || len(first.Members) != 0 {
+		t.Fatalf("GatherOutcomeFirst of a run whose wrapper is gone: needsTable %v, members %v; want true and none", needs, first.Members)
+	}
+	table, err := proc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := GatherOutcomeWith(d, first, table)
+	v, want := Decide(in), Decide(Gather(d))
+	if v.Outcome != Running || v.Supervisor != SupervisorLost || len(in.Members) != 1 || in.Members[0].PID != pid {
+		t.Fatalf("GatherOutcomeWith: %s, supervisor %s, members %v; want running, lost, the job %d (%s)", v.Outcome, v.Supervisor, in.Members, pid, v.Reason)
+	}
+	if v.Outcome != want.Outcome || v.Supervisor != want.Supervisor {
+		t.Fatalf("GatherOutcomeWith gives %s/%s, Gather %s/%s", v.Outcome, v.Supervisor, want.Outcome, want.Supervisor)
+	}
+
+	// Cancelled meanwhile: the job is killed and reaped, then the record
+	// says cancelled. The table read before shows the job alive.
+	first, needs = GatherOutcomeFirst(d)
+	if !needs {
+		t.Fatal("GatherOutcomeFirst of a lost run: no table needed")
+	}
+	stale, err := proc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	job.Process.Kill()
+	job.Wait()
+	reaped = true
+	rec.State, rec.Cause, rec.ExitCode, rec.Survivors = statusfile.Cancelled, statusfile.CauseCancel, &code, []int{}
+	if err := statusfile.Write(d, rec, true); err != nil {
+		t.Fatal(err)
+	}
+	in = GatherOutcomeWith(d, first, stale)
+	if v := Decide(in); v.Outcome != Cancelled || len(in.Members) != 0 {
+		t.Fatalf("GatherOutcomeWith after the record moved on: %s, members %v; want cancelled, none (a stale table was used: %s)", v.Outcome, in.Members, v.Reason)
 	}
 }

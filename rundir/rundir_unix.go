@@ -239,10 +239,13 @@ func (d *Dir) openChecked(name string, flag int, perm uint32) (int, *unix.Stat_t
 // ReadFile reads name in full (see OpenFile for the checks).
 //
 // It reads through the bare descriptor, into a buffer of the size fstat
-// gave (plus one byte, to see the end in the same call), so a whole file
-// is one read(2), not the three of a growing buffer: every command that
-// judges many runs (list, watchdog, reconcile --all) reads a record per
-// run.
+// gave plus one byte, so a whole file is one read(2), not the three of a
+// growing buffer: every command that judges many runs (list, watchdog,
+// reconcile --all) reads a record per run, and list its deadline too. A
+// read that returns less than it was asked for, ending where fstat said
+// the file ends, is the end of a regular file (a short read of one is its
+// end), so no second read(2) is made to see 0; a file that grew meanwhile
+// fills the spare byte and is read on to its end.
 func (d *Dir) ReadFile(name string) ([]byte, error) {
 	fd, st, err := d.openChecked(name, unix.O_RDONLY, 0)
 	if err != nil {
@@ -254,6 +257,7 @@ func (d *Dir) ReadFile(name string) ([]byte, error) {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
+		asked := cap(buf) - len(buf)
 		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
 		if err == unix.EINTR {
 			continue
@@ -265,6 +269,9 @@ func (d *Dir) ReadFile(name string) ([]byte, error) {
 			return buf, nil
 		}
 		buf = buf[:len(buf)+n]
+		if n < asked && int64(len(buf)) == st.Size {
+			return buf, nil
+		}
 	}
 }
 

@@ -127,11 +127,14 @@ func decoy(t *testing.T) (pid int, start uint64) {
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
+	st, err := proc.ReadStat(cmd.Process.Pid)
 	t.Cleanup(func() {
-		_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+		if err == nil {
+			runtest.KillGroup(cmd.Process.Pid, st.Start) // by identity: it may be reaped long since
+		}
+		_ = cmd.Process.Kill()
 		<-done
 	})
-	st, err := proc.ReadStat(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}

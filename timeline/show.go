@@ -48,17 +48,28 @@ func (s *Show) Healthy() bool {
 	return s.RecordError == "" && s.JournalError == "" && s.Verify.Intact
 }
 
-// ANSI colours, by kind.
-var colours = map[string]string{
-	KindIntent:  "\x1b[1;31m",
-	KindSignal:  "\x1b[31m",
-	KindProblem: "\x1b[1;31m",
-	KindEscape:  "\x1b[33m",
-	KindRevoke:  "\x1b[35m",
-	KindFinal:   "\x1b[32m",
-	KindRenew:   "\x1b[2m",
-	KindAction:  "\x1b[36m",
-	KindHandoff: "\x1b[34m",
+// colour is the ANSI colour of a kind (a switch: a package-level map
+// literal would be built at every start of the binary).
+func colour(kind string) (string, bool) {
+	switch kind {
+	case KindIntent, KindProblem:
+		return "\x1b[1;31m", true
+	case KindSignal:
+		return "\x1b[31m", true
+	case KindEscape:
+		return "\x1b[33m", true
+	case KindRevoke:
+		return "\x1b[35m", true
+	case KindFinal:
+		return "\x1b[32m", true
+	case KindRenew:
+		return "\x1b[2m", true
+	case KindAction:
+		return "\x1b[36m", true
+	case KindHandoff:
+		return "\x1b[34m", true
+	}
+	return "", false
 }
 
 const reset = "\x1b[0m"
@@ -78,7 +89,7 @@ type Options struct {
 // and the chain's verdict at the bottom.
 func Render(w io.Writer, s *Show, o Options) {
 	paint := func(kind, text string) string {
-		if c, ok := colours[kind]; ok && o.Colour {
+		if c, ok := colour(kind); ok && o.Colour {
 			return c + text + reset
 		}
 		return text

@@ -110,14 +110,13 @@ func (s *supervisor) launch() (int, error) {
 	}
 	if err != nil {
 		_ = unix.Kill(pid, unix.SIGKILL)
-		var ws unix.WaitStatus
-		_, _ = unix.Wait4(pid, &ws, 0, nil)
+		s.reap.discard(pid)
 		if cg != nil {
 			cgroup.Remove(cg.Path)
 		}
 		return exitLaunchFailed, err
 	}
-	s.leader, s.leaderStart = pid, st.Start
+	s.reap.leader, s.leaderStart = pid, st.Start
 	if cg != nil {
 		s.cgroup = cg.Path
 		s.rec.Boundary, s.rec.Cgroup = membership.BoundaryCgroup, cg.Path

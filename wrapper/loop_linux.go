@@ -7,6 +7,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/stop"
 )
@@ -37,7 +38,7 @@ func (s *supervisor) wait(deadline int64) string {
 				if s.pollLeader() {
 					return s.cancelledMeanwhile()
 				}
-				s.reapOthers()
+				s.reap.reapOthers()
 			case unix.SIGPIPE:
 				// A closed stream: the streamer has seen the error already.
 			case unix.SIGHUP:
@@ -77,6 +78,26 @@ func (s *supervisor) wait(deadline int64) string {
 			}
 		}
 	}
+}
+
+// pollLeader asks the reaper, without reaping, whether the leader has
+// exited, and journals its exit the one time it is first seen.
+func (s *supervisor) pollLeader() bool {
+	first, err := s.reap.pollLeader()
+	if err != nil {
+		s.warn("waitid(%d): %v", s.reap.leader, err)
+		return false
+	}
+	if first {
+		f := journal.Fields{"pid": s.reap.leader}
+		if e := s.reap.exit; e.Signal != 0 {
+			f["signal"] = proc.SignalName(e.Signal)
+		} else {
+			f["exit_code"] = e.Code
+		}
+		s.journal("leader_exited", f, false)
+	}
+	return s.reap.exited
 }
 
 // cancelledMeanwhile is called when the leader has exited: if a cancel was

@@ -37,15 +37,15 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 	r := &s.rec
 	r.EndedAt = statusfile.Timestamp(time.Now())
 	r.Survivors = survivors
-	if s.leaderSig != 0 {
-		r.Signal = proc.SignalName(s.leaderSig)
+	if s.reap.exit.Signal != 0 {
+		r.Signal = proc.SignalName(s.reap.exit.Signal)
 	}
 	if cause != "" {
 		r.State, r.Cause = statusfile.Cancelled, cause
 		r.SetExit(statusfile.CauseExitCode(cause))
 	} else {
 		r.State = statusfile.Finished
-		r.SetExit(s.leaderCode)
+		r.SetExit(s.reap.exit.Code)
 	}
 	s.replaceRecord(disk, true)
 	f := journal.Fields{"state": r.State, "exit_code": r.Code(), "survivors": survivors}

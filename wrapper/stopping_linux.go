@@ -21,9 +21,7 @@ func (s *supervisor) stopAll(cause string) []int {
 	s.endHandoffs()
 	loop := stop.Loop{Members: s.liveTargets, Signal: s.signalAll, Wake: s.wake}
 	stopped, survivors := loop.Run(s.cfg.Grace)
-	if !s.leaderExited {
-		s.pollLeader()
-	}
+	s.pollLeader()
 	if cause == "" && len(stopped) > 0 {
 		s.journal("stragglers_stopped", journal.Fields{"pids": stopped, "survivors": survivors}, false)
 	}
@@ -48,7 +46,7 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target, again bool) {
 			group = append(group, t.PID)
 		}
 	}
-	f := journal.Fields{"signal": proc.SignalName(sig), "pgid": s.leader, "pids": group}
+	f := journal.Fields{"signal": proc.SignalName(sig), "pgid": s.reap.leader, "pids": group}
 	target := "group"
 	if perProcess {
 		target = "members"
@@ -73,8 +71,8 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target, again bool) {
 		}
 	}
 	if len(group) > 0 && !perProcess {
-		if err := unix.Kill(-s.leader, sig); err != nil && err != unix.ESRCH {
-			s.warn("kill(-%d, %s): %v", s.leader, proc.SignalName(sig), err)
+		if err := unix.Kill(-s.reap.leader, sig); err != nil && err != unix.ESRCH {
+			s.warn("kill(-%d, %s): %v", s.reap.leader, proc.SignalName(sig), err)
 		}
 	}
 	for _, t := range ts {
@@ -97,9 +95,7 @@ func (s *supervisor) signalAll(sig unix.Signal, ts []target, again bool) {
 // the time. Signals to the wrapper while it is stopping change nothing: the
 // stop is already under way. It notes the leader's exit as it goes.
 func (s *supervisor) wake(_ []target, d time.Duration) bool {
-	if !s.leaderExited {
-		s.pollLeader()
-	}
+	s.pollLeader()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

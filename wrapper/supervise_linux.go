@@ -3,10 +3,11 @@ package wrapper
 // This file: Run and the order of a run (see the package doc). The steps
 // live beside it: launch_linux.go (start the job), loop_linux.go (wait for
 // the leader, a signal or the deadline; record the intent with
-// stop.Intend), reap_linux.go (waitid and wait4), targets_linux.go (the
-// run's processes, as membership judges them for their wrapper),
-// stopping_linux.go (TERM, grace, KILL: stop.Loop woken by SIGCHLD) and
-// record_linux.go (status.json and the journal).
+// stop.Intend), reap_linux.go (the reaper: every waitid and wait4, and
+// the leader's exit decoded once), targets_linux.go (the run's processes,
+// as membership judges them for their wrapper), stopping_linux.go (TERM,
+// grace, KILL: stop.Loop woken by SIGCHLD) and record_linux.go
+// (status.json and the journal).
 
 import (
 	"fmt"
@@ -38,12 +39,8 @@ type supervisor struct {
 	sigs chan os.Signal
 
 	self        int
-	leader      int // job leader PID == PGID == SID
+	reap        reaper // every wait on our children, and the leader's exit
 	leaderStart uint64
-
-	leaderExited bool
-	leaderCode   int
-	leaderSig    unix.Signal
 
 	escaped map[int]statusfile.Escaped // by PID; validated by start time
 	cgroup  string                     // the run's cgroup directory, if it has one
@@ -184,7 +181,8 @@ func (s *supervisor) run() *Result {
 	}
 
 	// 5. The run is live: pid, pgid, running.
-	pidLine := []byte(strconv.Itoa(s.leader) + "\n")
+	leader := s.reap.leader
+	pidLine := []byte(strconv.Itoa(leader) + "\n")
 	if err := s.d.WriteOnce(rundir.PIDFile, pidLine); err != nil {
 		s.warn("cannot write pid: %v", err)
 	}
@@ -192,10 +190,10 @@ func (s *supervisor) run() *Result {
 		s.warn("cannot write pgid: %v", err)
 	}
 	s.rec.State = statusfile.Running
-	s.rec.PID, s.rec.PGID, s.rec.SID = s.leader, s.leader, s.leader
+	s.rec.PID, s.rec.PGID, s.rec.SID = leader, leader, leader
 	s.rec.LeaderStart = s.leaderStart
 	s.rec.StartedAt = statusfile.Timestamp(time.Now())
-	started := journal.Fields{"pid": s.leader, "pgid": s.leader, "sid": s.leader,
+	started := journal.Fields{"pid": leader, "pgid": leader, "sid": leader,
 		"leader_start": s.leaderStart, "deadline_epoch": deadline, "boundary": s.rec.Boundary}
 	if s.cgroup != "" {
 		started["cgroup"] = s.cgroup
@@ -227,8 +225,11 @@ func (s *supervisor) run() *Result {
 		survivors = s.stopAll("")
 	}
 
-	// 8. Reap, record, drain.
-	s.reapAll()
+	// 8. Reap, record, drain. The leader's exit, if it is first seen now
+	// (it died at the end of the stop), is journaled like any other; then
+	// the reaper reaps it and every other zombie child.
+	s.pollLeader()
+	s.reap.reapAll()
 	s.closeControl() // every handoff's last word goes into the final record
 	if s.cgroup != "" {
 		if err := cgroup.Remove(s.cgroup); err != nil {

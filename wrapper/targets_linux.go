@@ -3,8 +3,6 @@ package wrapper
 import (
 	"slices"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -52,9 +50,8 @@ func (s *supervisor) scan() []target {
 		return nil
 	}
 	for _, p := range all {
-		if p.PPID == s.self && p.Dead() && p.PID != s.leader {
-			var ws unix.WaitStatus
-			_, _ = unix.Wait4(p.PID, &ws, unix.WNOHANG, nil)
+		if p.PPID == s.self && p.Dead() {
+			s.reap.reapZombie(p.PID) // never the leader
 		}
 	}
 	out, _ := s.members().Judge(all)

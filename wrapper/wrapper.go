@@ -27,7 +27,9 @@
 //     subreaper, with a backstop rescan), KILL what is left after the grace;
 //  8. reap everything, write the final record, drain the log streams.
 //
-// Exactly one component reaps: the supervisor's loop, by PID.
+// Exactly one component waits on the process's children: the reaper
+// (reap_linux.go), from the supervisor's goroutine. It reaps by PID, and
+// decodes the leader's status once, the first time it sees the exit.
 package wrapper
 
 import (

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/agent-wrap/agent-wrap/cli"
+	_ "github.com/agent-wrap/agent-wrap/internal/bigstack" // first: one stack growth instead of many
 )
 
 func main() {

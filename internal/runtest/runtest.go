@@ -231,16 +231,39 @@ func (r Run) groupMembers() []proc.Stat {
 		// A test that broke the record: the pgid file is all there is.
 		return Members(pg)
 	}
-	if st, err := proc.ReadStat(pg); err == nil && st.Start != rec.LeaderStart {
+	return GroupOf(pg, rec.LeaderStart)
+}
+
+// GroupOf lists the live members of the process group a test started with
+// leader pgid at leaderStart, and none of a group that took the number
+// since. The kernel does not hand out a PID while a group of that ID has a
+// member, so a group is another's only once every member of ours is gone:
+// then a process now at pgid started at another time, or a member older
+// than our leader, is not ours.
+func GroupOf(pgid int, leaderStart uint64) []proc.Stat {
+	if pgid <= 1 {
+		return nil
+	}
+	if st, err := proc.ReadStat(pgid); err == nil && st.Start != leaderStart {
 		return nil
 	}
 	var out []proc.Stat
-	for _, p := range Members(pg) {
-		if p.Start >= rec.LeaderStart {
+	for _, p := range Members(pgid) {
+		if p.Start >= leaderStart {
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// KillGroup is test cleanup by recorded process group: SIGKILL to each
+// member GroupOf finds, each checked against its start time as it is
+// signalled. Never a bare kill(-pgid): once our group is gone its number
+// can be another's, on a machine that other tests share.
+func KillGroup(pgid int, leaderStart uint64) {
+	for _, p := range GroupOf(pgid, leaderStart) {
+		_ = stop.Signal(proc.Identity{PID: p.PID, Start: p.Start, PGID: p.PGID}, unix.SIGKILL)
+	}
 }
 
 // AssertGroupEmpty fails loudly, naming every survivor, if any process of

@@ -29,14 +29,16 @@ func Spawn(t testing.TB, attr *unix.SysProcAttr, argv ...string) proc.Stat {
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	pid := cmd.Process.Pid
+	st, err := proc.ReadStat(pid)
 	t.Cleanup(func() {
-		if attr.Setsid || attr.Setpgid {
-			_ = unix.Kill(-pid, unix.SIGKILL)
+		// Its group by identity (it may be long reaped, its number
+		// another's); itself through exec, which holds it until reaped.
+		if (attr.Setsid || attr.Setpgid) && err == nil {
+			KillGroup(pid, st.Start)
 		}
-		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = cmd.Process.Kill()
 		<-done
 	})
-	st, err := proc.ReadStat(pid)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,6 +117,7 @@ type Server struct {
 	done    chan struct{} // closed once cmd.Wait has returned
 
 	defaultLimits   bool // see DefaultLimits
+	maxSessions     int  // see MaxSessions; 0: OpenSSH's default, or 100
 	agentForwarding bool // see AllowAgentForwarding
 }
 
@@ -143,6 +144,13 @@ func yesNo(b bool) string {
 // 10:30:100) at OpenSSH's defaults, as a real host has them. Without it
 // both are 100, so that tests that open many connections are not refused.
 func DefaultLimits(s *Server) { s.defaultLimits = true }
+
+// MaxSessions is DefaultLimits with sshd's per-connection session limit
+// set to n instead of OpenSSH's 10: a host where connection sharing fills
+// its connections sooner.
+func MaxSessions(n int) Option {
+	return func(s *Server) { s.defaultLimits, s.maxSessions = true, n }
+}
 
 // T is what Start needs of its caller: a *testing.T or *testing.B (any
 // testing.TB), or a harness of its own outside a test (bench/cmd/awbench),
@@ -295,6 +303,9 @@ func (s *Server) config(hostKey, authKeys string) string {
 	}
 	if !s.defaultLimits {
 		lines = append(lines, "MaxStartups 100", "MaxSessions 100")
+	}
+	if s.maxSessions > 0 {
+		lines = append(lines, "MaxSessions "+strconv.Itoa(s.maxSessions))
 	}
 	return strings.Join(lines, "\n") + "\n"
 }

@@ -99,7 +99,7 @@ func (r *runner) controllerFigure() (err error) {
 		if err := cmd.Start(); err != nil {
 			return 0, err
 		}
-		r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		r.killGroupAtCleanup(cmd)
 		line := make([]byte, 8)
 		if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
 			cmd.Process.Kill()
@@ -144,7 +144,7 @@ func (r *runner) controllerFigure() (err error) {
 		if err := cmd.Start(); err != nil {
 			return 0, err
 		}
-		r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		r.killGroupAtCleanup(cmd)
 		defer func() {
 			cmd.Process.Signal(syscall.SIGINT)
 			cmd.Wait()

@@ -84,7 +84,7 @@ func (r *runner) fanoutFigure() (err error) {
 			return err
 		}
 		c := cmds[i]
-		r.onCleanup(func() { syscall.Kill(-c.Process.Pid, syscall.SIGKILL) })
+		r.killGroupAtCleanup(c)
 	}
 	failed := 0
 	var firstErr string
@@ -130,7 +130,7 @@ func (r *runner) fanoutFigure() (err error) {
 			if err := cmd.Start(); err != nil {
 				return 0, err
 			}
-			r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+			r.killGroupAtCleanup(cmd)
 			defer func() {
 				cmd.Process.Signal(syscall.SIGINT)
 				cmd.Wait()

@@ -158,7 +158,7 @@ func (r *runner) startUntilStarted(cmd *exec.Cmd, what string) (io.ReadCloser, e
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	r.onCleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	r.killGroupAtCleanup(cmd)
 	line := make([]byte, 8)
 	if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
 		cmd.Process.Kill()

@@ -87,6 +87,19 @@ func (r *runner) onCleanup(f func()) {
 	r.cleanups = append(r.cleanups, f)
 }
 
+// killGroupAtCleanup KILLs the process group of cmd (started with Setpgid,
+// so PGID == its PID) at cleanup, unless cmd was waited for by then. While
+// its leader is unreaped the number cannot be handed out again; once it is
+// reaped, a bare kill(-pid) could reach a group of another program that got
+// the number since, on a machine that others share.
+func (r *runner) killGroupAtCleanup(cmd *exec.Cmd) {
+	r.onCleanup(func() {
+		if cmd.Process != nil && cmd.ProcessState == nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+	})
+}
+
 func (r *runner) cleanupAll() {
 	r.mu.Lock()
 	cs := r.cleanups

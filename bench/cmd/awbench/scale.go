@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -168,7 +169,10 @@ func (r *runner) scale() error {
 	defer wdOut.Close()
 	watchdog := func() (float64, error) { return r.timed(0, wdOut, r.bin, "--root", root, "watchdog", "--once") }
 	readall := func() (float64, error) { return r.timed(0, nil, r.self, "readall", root) }
-	s, err := bench.Interleave(1, r.n(7, 3), list, readall, watchdog)
+	// The order rotates each round, so no side always runs right after
+	// the same other side; 15 rounds (a list is tens of milliseconds),
+	// so that the median's 95 % interval is not the whole range.
+	s, err := bench.InterleaveRotating(1, r.n(15, 5), list, readall, watchdog)
 	if err != nil {
 		return err
 	}
@@ -181,10 +185,23 @@ func (r *runner) scale() error {
 
 	// Cancel all N at once: every `cancel` started before the first is
 	// waited for.
+	// Each cancel's stderr goes to a file of its own, to be shown when it
+	// does not confirm.
+	errDir, err := os.MkdirTemp(r.scratch, "cancel-stderr-")
+	if err != nil {
+		return err
+	}
+	errFiles := make([]*os.File, n)
+	for i, id := range ids {
+		if errFiles[i], err = os.Create(filepath.Join(errDir, id)); err != nil {
+			return err
+		}
+		defer errFiles[i].Close()
+	}
 	cs := make([]*started, n)
 	t0 = time.Now()
 	for i, id := range ids {
-		c, err := r.start(nil, nil, false, r.bin, "--root", root, "cancel", id)
+		c, err := r.start(nil, errFiles[i], false, r.bin, "--root", root, "cancel", id)
 		if err != nil {
 			return fmt.Errorf("starting cancel %d of %d: %w", i+1, n, err)
 		}
@@ -203,7 +220,8 @@ func (r *runner) scale() error {
 			return err
 		}
 		if c.code() != 0 {
-			return fmt.Errorf("cancel %s exited %d, want 0 (confirmed)", ids[i], c.code())
+			said, _ := os.ReadFile(errFiles[i].Name())
+			return fmt.Errorf("cancel %s exited %d, want 0 (confirmed): %.500q", ids[i], c.code(), said)
 		}
 		if ru, ok := c.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 			cancelCPU += time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
@@ -413,7 +431,9 @@ const scaleMethods = `- **scale**: N runs of ` + "`sleep 3600`" + ` (1000; 200 w
   up (Pss charges each page of the binary shared by N wrappers 1/N to each, so the
   sum is what the N cost the host); ` + "`list --json`" + ` (every run listed, running) and
   ` + "`watchdog --once`" + ` (no action) over the root against ` + "`awbench readall`" + `, in
-  alternation, each ratio the median of the rounds' own. Then one ` + "`agent-wrap cancel\n  ID`" + ` per run, all forked at once; the clock stops when the last cancel and the
+  alternation, the order rotated each round, 15 rounds (5 with BENCH_QUICK),
+  each ratio the median of the rounds' own. Then one ` + "`agent-wrap cancel ID`" + `
+  per run, all forked at once; the clock stops when the last cancel and the
   last wrapper have exited. Every cancel must exit 0, every wrapper 143, every
   record be ` + "`cancelled`" + ` with exit 143 and ` + "`survivors: []`" + `, and /proc hold no live process
   of any run's group. Baseline, in the same run: N ` + "`tini -s -g -- sleep 3600`" + `
