@@ -3,9 +3,9 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strings"
@@ -71,15 +71,8 @@ func runInstall(e *Env, args []string) int {
 	}
 
 	o := deploy.Options{User: *userMode, Timer: *timer, Prefix: *prefix}
-	switch {
-	case *useSystemd || *timer:
-		o.Method = deploy.Systemd
-	case *useCron:
-		o.Method = deploy.Cron
-	case deploy.SystemdRunning():
-		o.Method = deploy.Systemd
-	default:
-		o.Method = deploy.Cron
+	var guessed bool
+	if o.Method, guessed = deploy.ChooseMethod(*useSystemd, *timer, *useCron); guessed && o.Method == deploy.Cron {
 		fmt.Fprintln(e.Stdout, "using: cron (systemd is not running here; pass --systemd to install units anyway)")
 	}
 
@@ -111,93 +104,47 @@ func runInstall(e *Env, args []string) int {
 		return ExitFailure
 	}
 
-	plan, err := deploy.NewPlan(o)
+	in, err := deploy.Install(o, *destRoot, *dryRun, e.Stdout)
 	if err != nil {
-		e.errorf("install: %v", err)
-		return ExitUsage
-	}
-
-	// A cron line nothing will ever run is a watchdog that never runs:
-	// refuse it before writing anything. (Under --dest-root the files are
-	// for another system, whose cron this one cannot see.)
-	if plan.Method == deploy.Cron && *destRoot == "" {
-		if missing := deploy.CronMissing(plan.User); len(missing) > 0 {
-			e.errorf("install --cron: nothing here would run the watchdog: missing %s", strings.Join(missing, " and "))
-			e.hint("install cron (apt-get install cron), or use --systemd where systemd runs; nothing was installed")
-			return ExitFailure
-		}
-	}
-	// The watchdog refuses an unsafe run root, once a minute, forever:
-	// refuse it now instead. A missing one is created (0700), so a watchdog
-	// started before the first run has a root to open.
-	rootCreated := false
-	if _, err := os.Lstat(o.RunRoot); err == nil || *dryRun || *destRoot != "" {
-		if err == nil {
-			r, err := rundir.OpenRoot(o.RunRoot, false)
-			if err != nil {
-				e.errorf("install: %v", err)
-				e.hint("the watchdog would refuse this run root; fix it (a directory of yours, mode 0700) or choose another with --root")
-				return ExitUnsafeRoot
-			}
-			r.Close()
-		}
-	} else {
-		r, err := rundir.OpenRoot(o.RunRoot, true)
-		if err != nil {
-			e.errorf("install: %v", err)
-			return ExitFailure
-		}
-		r.Close()
-		rootCreated = true
-	}
-
-	if rootCreated {
-		fmt.Fprintf(e.Stdout, "created: %s\n", o.RunRoot)
-	}
-	changed, err := plan.Apply(e.Stdout, *destRoot, *dryRun)
-	if err != nil {
-		e.errorf("install: %v", err)
-		if os.IsPermission(err) && !*userMode {
-			e.hint("a system install needs root; run it as root, or pass --user")
-		}
-		return ExitFailure
-	}
-	if rootCreated {
-		changed++
-	}
-	if changed == 0 {
-		fmt.Fprintln(e.Stdout, "nothing changed")
+		return e.installFailed(err, *userMode)
 	}
 	if !*dryRun && *destRoot == "" {
-		e.noteReach(plan.Bin)
+		e.noteReach(in.Plan.Bin)
 	}
+	if err := in.Activate(e.Ctx, e.Stdout, e.Stderr); err != nil {
+		return e.installFailed(err, *userMode)
+	}
+	return ExitOK
+}
 
-	// Tell the service manager (or crontab), where there is one to tell and
-	// the files were written for real. Otherwise say what to run.
-	canActivate := !*dryRun && *destRoot == "" &&
-		(plan.Method == deploy.Systemd && deploy.SystemdRunning() ||
-			plan.Method == deploy.Cron && haveCommand("crontab"))
-	if !canActivate {
-		if plan.Activate != "" {
-			fmt.Fprintf(e.Stdout, "next: %s\n", plan.Activate)
-		}
-		if plan.Method == deploy.Systemd && plan.User {
-			fmt.Fprintf(e.Stdout, "next: loginctl enable-linger %s  # keeps the watchdog running while %[1]s is logged out\n", o.UserName)
-		}
-		return ExitOK
+// installFailed prints an error of deploy.Install or Activate (each a
+// deploy.InstallError) with the hint for its step, and returns the exit
+// code that step gets.
+func (e *Env) installFailed(err error, userMode bool) int {
+	var ie *deploy.InstallError
+	if !errors.As(err, &ie) {
+		ie = &deploy.InstallError{Err: err}
 	}
-	if changed == 0 || plan.Activate == "" {
-		return ExitOK // nothing to do, or done by the run that wrote the files
-	}
-	cmd := exec.CommandContext(e.Ctx, "/bin/sh", "-c", plan.Activate)
-	cmd.Stdout, cmd.Stderr = e.Stderr, e.Stderr
-	if err := cmd.Run(); err != nil {
-		e.errorf("install: %s: %v", plan.Activate, err)
-		e.hint("the files are in place; fix the problem and run that command again")
+	if ie.Step == deploy.StepCron {
+		e.errorf("install --cron: %v", ie.Err)
+		e.hint("install cron (apt-get install cron), or use --systemd where systemd runs; nothing was installed")
 		return ExitFailure
 	}
-	fmt.Fprintf(e.Stdout, "ran: %s\n", plan.Activate)
-	return ExitOK
+	e.errorf("install: %v", ie.Err)
+	switch ie.Step {
+	case deploy.StepPlan:
+		return ExitUsage
+	case deploy.StepRoot:
+		e.hint("the watchdog would refuse this run root; fix it (a directory of yours, mode 0700) or choose another with --root")
+		return ExitUnsafeRoot
+	case deploy.StepWrite:
+		if os.IsPermission(ie.Err) && !userMode {
+			e.hint("a system install needs root; run it as root, or pass --user")
+		}
+	case deploy.StepActivate:
+		e.hint("the files are in place; fix the problem and run that command again")
+	}
+	return ExitFailure
 }
 
 // noteReach says so when a controller's `ssh HOST agent-wrap` would not find
@@ -213,9 +160,4 @@ func (e *Env) noteReach(bin string) {
 	for _, f := range r.Fixes() {
 		fmt.Fprintf(e.Stdout, "note: %s\n", f)
 	}
-}
-
-func haveCommand(name string) bool {
-	_, err := exec.LookPath(name)
-	return err == nil
 }

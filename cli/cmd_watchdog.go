@@ -3,16 +3,11 @@
 package cli
 
 import (
-	"encoding/json"
-	"errors"
-	"os"
 	"os/signal"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/deploy"
-	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/watchdog"
 )
 
@@ -30,10 +25,8 @@ the loop ('agent-wrap install' sets either up).`,
 	})
 }
 
-// runWatchdog holds the root's watchdog lock (one instance per root) and
-// makes a pass over every run, once (cron) or every --interval (systemd,
-// with READY and WATCHDOG notifications when NOTIFY_SOCKET is set). Each
-// action is one JSON line on stdout.
+// runWatchdog parses the flags, opens the root and serves it (watchdog.Serve:
+// the lock, the passes, the notifications to systemd) until TERM or INT.
 func runWatchdog(e *Env, args []string) int {
 	fs := e.flags("watchdog")
 	once := fs.Bool("once", false, "make one pass and exit (for cron)")
@@ -55,76 +48,18 @@ func runWatchdog(e *Env, args []string) int {
 		return code
 	}
 	defer root.Close()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
-	defer signal.Stop(sigs)
-	ping := func() { deploy.Notify("WATCHDOG=1") }
-	if !*once {
-		deploy.Notify("READY=1")
+	// TERM and INT end the service (and are held off during a --once pass).
+	ctx, stop := signal.NotifyContext(e.Ctx, unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	o := watchdog.ServeOptions{
+		Options:  watchdog.Options{Grace: time.Duration(grace), Diag: e.Stderr},
+		Once:     *once,
+		Interval: time.Duration(interval),
+		Out:      e.Stdout,
 	}
-	var unlock func()
-	for waited := false; ; waited = true {
-		var err error
-		unlock, err = root.TryLock(watchdog.LockFile)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, rundir.ErrLocked) {
-			e.errorf("%v", err)
-			return ExitFailure
-		}
-		if *once {
-			// Overlapping cron passes are normal: the other one does the work.
-			e.errorf("another watchdog is running for %s; leaving this pass to it", root.Path)
-			return ExitOK
-		}
-		// A service waits its turn instead of failing and being restarted
-		// in a loop while, say, a manual --once holds the lock.
-		if !waited {
-			e.errorf("another watchdog is running for %s; waiting for it to finish", root.Path)
-		}
-		ping()
-		select {
-		case <-sigs:
-			return ExitOK
-		case <-e.Ctx.Done():
-			return ExitOK
-		case <-time.After(time.Second):
-		}
+	if err := watchdog.Serve(ctx, root, o, watchdog.EnvNotifier()); err != nil {
+		e.errorf("%v", err)
+		return ExitFailure
 	}
-	defer unlock()
-
-	enc := json.NewEncoder(e.Stdout)
-	pass := func() {
-		acts, err := watchdog.Pass(root, watchdog.Options{Grace: time.Duration(grace), Progress: ping, Diag: e.Stderr})
-		if err != nil {
-			e.errorf("watchdog pass over %s: %v", root.Path, err)
-		}
-		for _, a := range acts {
-			enc.Encode(a)
-		}
-	}
-	if *once {
-		pass()
-		return ExitOK
-	}
-
-	every := time.Duration(interval)
-	if wd := deploy.WatchdogInterval(); wd > 0 && wd < every {
-		every = wd // already half of WatchdogSec=, as sd_watchdog_enabled(3) advises
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		pass()
-		ping()
-		select {
-		case <-sigs:
-			deploy.Notify("STOPPING=1")
-			return ExitOK
-		case <-e.Ctx.Done():
-			return ExitOK
-		case <-t.C:
-		}
-	}
+	return ExitOK
 }

@@ -10,6 +10,12 @@
 // reader sees the old file or the new one, never a part). The writes are
 // atomic, not durable: the directories are not synced.
 //
+// [Install] is `agent-wrap install` on this host: the method [ChooseMethod]
+// picked, the checks that refuse before anything is written (a plan
+// NewPlan refuses, cron where nothing would run it, a run root the
+// watchdog would refuse), the run root created, the plan applied; then
+// [Installed.Activate] starts the watchdog, or says what to run.
+//
 // [Remote] is the workstation side: it picks the build matching a host's
 // `uname -m` from a dist directory, copies it there with the system ssh
 // client and runs its install.

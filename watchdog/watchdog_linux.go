@@ -2,6 +2,11 @@
 // every run under a root whose deadline has passed and whose wrapper is dead
 // or has not acted within ActAfter, with the same ordered stop that cancel
 // uses (stop.Outside). One watchdog runs per root (LockFile).
+//
+// Pass is one look at every run. Serve is the service around it, for cron
+// (one pass) and systemd (a pass every interval): it holds the lock, prints
+// each action as a JSON line and keeps the service manager told
+// (Notifier, the sd_notify(3) client).
 package watchdog
 
 import (

@@ -1,4 +1,4 @@
-package deploy
+package watchdog
 
 import (
 	"net"
@@ -12,7 +12,7 @@ import (
 func TestNotify(t *testing.T) {
 	t.Run("no-socket", func(t *testing.T) {
 		t.Setenv("NOTIFY_SOCKET", "")
-		if sent, err := Notify("READY=1"); sent || err != nil {
+		if sent, err := EnvNotifier().Notify("READY=1"); sent || err != nil {
 			t.Errorf("Notify without NOTIFY_SOCKET = %v, %v; want false, nil", sent, err)
 		}
 	})
@@ -30,7 +30,7 @@ func TestNotify(t *testing.T) {
 			}
 			defer l.Close()
 			t.Setenv("NOTIFY_SOCKET", env)
-			if sent, err := Notify("READY=1"); !sent || err != nil {
+			if sent, err := EnvNotifier().Notify("READY=1"); !sent || err != nil {
 				t.Fatalf("Notify = %v, %v", sent, err)
 			}
 			buf := make([]byte, 64)
@@ -60,8 +60,8 @@ func TestWatchdogInterval(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("WATCHDOG_USEC", tc.usec)
 			t.Setenv("WATCHDOG_PID", tc.pid)
-			if got := WatchdogInterval(); got != tc.want {
-				t.Errorf("WatchdogInterval() = %v, want %v", got, tc.want)
+			if got := EnvNotifier().WatchdogInterval; got != tc.want {
+				t.Errorf("EnvNotifier().WatchdogInterval = %v, want %v", got, tc.want)
 			}
 		})
 	}
