@@ -2,15 +2,11 @@ package controller
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 )
 
 func TestNextTickSharedInstants(t *testing.T) {
@@ -79,37 +75,5 @@ func TestPrivateDir(t *testing.T) {
 	os.Symlink(d, l)
 	if err := privateDir(l); err == nil {
 		t.Error("a symlink was accepted")
-	}
-}
-
-// TestMasterPIDAgainstSSHCheck: the PID a real ControlMaster gives in
-// OpenSSH's mux protocol (masterPID) is the one `ssh -O check` reports.
-func TestMasterPIDAgainstSSHCheck(t *testing.T) {
-	t.Parallel()
-	srv := sshtest.Start(t)
-	dir, err := os.MkdirTemp("", "awmux-pid-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "m")
-	args := append(append([]string{}, srv.SSHArgs()...), "-o", "ControlMaster=yes", "-o", "ControlPath="+sock, "-o", "ControlPersist=30", "-N", "--", srv.Destination())
-	if out, err := exec.Command("ssh", args...).CombinedOutput(); err != nil {
-		t.Fatalf("starting a master: %v\n%s", err, out)
-	}
-	check := func(op string) string {
-		out, _ := exec.Command("ssh", "-F", "/dev/null", "-o", "ControlPath="+sock, "-O", op, "x").CombinedOutput()
-		return string(out)
-	}
-	defer check("exit")
-	pid, err := masterPID(sock, 10*time.Second)
-	if err != nil {
-		t.Fatalf("masterPID: %v", err)
-	}
-	if want := fmt.Sprintf("(pid=%d)", pid); !strings.Contains(check("check"), want) {
-		t.Errorf("masterPID = %d; ssh -O check says %q", pid, check("check"))
-	}
-	if _, err := masterPID(filepath.Join(dir, "none"), time.Second); err == nil {
-		t.Error("masterPID of no socket: no error")
 	}
 }
