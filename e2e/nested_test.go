@@ -272,10 +272,16 @@ func TestNested2OuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	inner := c.waitTerminal("inner2")
 	wantFinal(t, inner, "cancelled", "lease", 124)
 	ended := parseTime(t, c.full("inner2").EndedAt)
-	bound := time.Unix(outerDeadline, 0).Add(innerGrace)
-	t.Logf("inner run ended %v after the outer deadline (bound: the inner grace, %v)", ended.Sub(time.Unix(outerDeadline, 0)).Round(time.Millisecond), innerGrace)
+	// The bound: the inner grace after the outer deadline, plus the second
+	// in which a wrapper sees a deadline moved closer (docs/reference.md,
+	// renew): a launch that took over a second to reach B gets a deadline
+	// rounded up past the outer one, and the next renewal moves it back.
+	const notice = time.Second
+	bound := time.Unix(outerDeadline, 0).Add(innerGrace + notice)
+	t.Logf("inner run ended %v after the outer deadline (bound: the inner grace %v and a renewal's notice %v)",
+		ended.Sub(time.Unix(outerDeadline, 0)).Round(time.Millisecond), innerGrace, notice)
 	if ended.After(bound.Add(500 * time.Millisecond)) {
-		t.Errorf("inner run ended at %v, later than the outer deadline %v plus the inner grace", ended, time.Unix(outerDeadline, 0))
+		t.Errorf("inner run ended at %v, later than the outer deadline %v plus the inner grace and a renewal's notice", ended, time.Unix(outerDeadline, 0))
 	}
 	c.treeGone("inner2")
 
