@@ -134,23 +134,7 @@ func TestFanoutThroughMux(t *testing.T) {
 			"--lease", "20s", "--renew-every", "2s", c.srv.Destination(), "--", "sh", "-c", job}
 		ctls[i] = startCtl(t, args)
 	}
-	for i, k := range ctls {
-		id := fmt.Sprintf("fan-%02d", i)
-		if code := k.waitWithin(t, 4*time.Minute); code != i%3 {
-			t.Errorf("run %s: exit %d, want %d\nstderr: %s", id, code, i%3, k.stderr())
-		}
-		if !strings.Contains(k.stdout(), fmt.Sprintf("all-%d\n", i)) {
-			t.Errorf("run %s: stdout %q lacks its line", id, k.stdout())
-		}
-		if strings.Contains(k.stderr(), "lost") {
-			t.Errorf("run %s: the controller lost a connection:\n%s", id, k.stderr())
-		}
-		c.wantSettled(id, ledger.Completed, "", i%3)
-	}
-	if t.Failed() {
-		b, _ := os.ReadFile(c.events)
-		t.Logf("events:\n%s", b)
-	}
+	c.wantFannedOut(t, "fan", ctls)
 	close(stop)
 	masters := seen()
 
@@ -409,23 +393,7 @@ func TestFanoutMastersFill(t *testing.T) {
 			barrier, id, barrier, runs, i, i%3)
 		ctls[i] = c.start(id, []string{"--lease", "8s", "--renew-every", "2s"}, "sh", "-c", job)
 	}
-	for i, k := range ctls {
-		id := fmt.Sprintf("fill-%02d", i)
-		if code := k.waitWithin(t, 4*time.Minute); code != i%3 {
-			t.Errorf("run %s: exit %d, want %d\nstderr: %s", id, code, i%3, k.stderr())
-		}
-		if !strings.Contains(k.stdout(), fmt.Sprintf("all-%d\n", i)) {
-			t.Errorf("run %s: stdout %q lacks its line", id, k.stdout())
-		}
-		if strings.Contains(k.stderr(), "lost") {
-			t.Errorf("run %s: the controller lost a connection:\n%s", id, k.stderr())
-		}
-		c.wantSettled(id, ledger.Completed, "", i%3)
-	}
-	if t.Failed() {
-		b, _ := os.ReadFile(c.events)
-		t.Logf("events:\n%s", b)
-	}
+	c.wantFannedOut(t, "fill", ctls)
 	close(stop)
 	masters := seen()
 	<-capsDone
@@ -472,5 +440,30 @@ func TestFanoutMastersFill(t *testing.T) {
 	}
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// wantFannedOut waits for each controller of a fan-out (run PREFIX-NN, the
+// job printing all-N and exiting N%3) and fails for a wrong exit, a missing
+// line, a connection the controller lost, or a record not settled
+// completed; the controller's events are logged when anything failed.
+func (c *ctlHarness) wantFannedOut(t *testing.T, prefix string, ctls []*ctl) {
+	t.Helper()
+	for i, k := range ctls {
+		id := fmt.Sprintf("%s-%02d", prefix, i)
+		if code := k.waitWithin(t, 4*time.Minute); code != i%3 {
+			t.Errorf("run %s: exit %d, want %d\nstderr: %s", id, code, i%3, k.stderr())
+		}
+		if !strings.Contains(k.stdout(), fmt.Sprintf("all-%d\n", i)) {
+			t.Errorf("run %s: stdout %q lacks its line", id, k.stdout())
+		}
+		if strings.Contains(k.stderr(), "lost") {
+			t.Errorf("run %s: the controller lost a connection:\n%s", id, k.stderr())
+		}
+		c.wantSettled(id, ledger.Completed, "", i%3)
+	}
+	if t.Failed() {
+		b, _ := os.ReadFile(c.events)
+		t.Logf("events:\n%s", b)
 	}
 }
