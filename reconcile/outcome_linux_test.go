@@ -20,29 +20,7 @@ import (
 // with a process left, a run whose wrapper is gone). Where it does not
 // scan it does not wait for the run's lock either.
 func TestGatherOutcomeAgreesWithGather(t *testing.T) {
-	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	job := exec.Command("sleep", "300")
-	job.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := job.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { job.Process.Kill(); job.Wait() })
-	js, err := proc.ReadStat(job.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	self, err := proc.ReadStat(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	boot, err := proc.BootID()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, _, js, self, boot := outcomeFixture(t)
 	pid := js.PID
 	// The test process stands in for a live wrapper; the same PID with
 	// another start time is a wrapper that is gone.
@@ -118,35 +96,7 @@ func TestGatherOutcomeAgreesWithGather(t *testing.T) {
 // so, the stale table (which shows the job alive) would make the run
 // unknown; GatherOutcomeWith reads its own and confirms the cancel.
 func TestGatherOutcomeWithTable(t *testing.T) {
-	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	job := exec.Command("sleep", "300")
-	job.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := job.Start(); err != nil {
-		t.Fatal(err)
-	}
-	reaped := false
-	t.Cleanup(func() {
-		if !reaped {
-			job.Process.Kill()
-			job.Wait()
-		}
-	})
-	js, err := proc.ReadStat(job.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	self, err := proc.ReadStat(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	boot, err := proc.BootID()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, job, js, self, boot := outcomeFixture(t)
 	pid := js.PID
 	d, err := root.Create("left")
 	if err != nil {
@@ -191,7 +141,6 @@ func TestGatherOutcomeWithTable(t *testing.T) {
 	}
 	job.Process.Kill()
 	job.Wait()
-	reaped = true
 	rec.State, rec.Cause, rec.ExitCode, rec.Survivors = statusfile.Cancelled, statusfile.CauseCancel, &code, []int{}
 	if err := statusfile.Write(d, rec, true); err != nil {
 		t.Fatal(err)
@@ -200,4 +149,38 @@ func TestGatherOutcomeWithTable(t *testing.T) {
 	if v := Decide(in); v.Outcome != Cancelled || len(in.Members) != 0 {
 		t.Fatalf("GatherOutcomeWith after the record moved on: %s, members %v; want cancelled, none (a stale table was used: %s)", v.Outcome, in.Members, v.Reason)
 	}
+}
+
+// outcomeFixture is the two tests' setting: a run root, a job (sleep 300 in
+// a session of its own, killed and reaped at cleanup unless the test did
+// so), its stat and the test process's (which stands in for a wrapper),
+// and the boot ID.
+func outcomeFixture(t *testing.T) (root *rundir.Root, job *exec.Cmd, js, self proc.Stat, boot string) {
+	t.Helper()
+	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	job = exec.Command("sleep", "300")
+	job.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := job.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if job.ProcessState == nil { // not reaped by the test
+			job.Process.Kill()
+			job.Wait()
+		}
+	})
+	if js, err = proc.ReadStat(job.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if self, err = proc.ReadStat(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	if boot, err = proc.BootID(); err != nil {
+		t.Fatal(err)
+	}
+	return root, job, js, self, boot
 }
