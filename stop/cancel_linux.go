@@ -62,13 +62,13 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		// closing an inotify descriptor costs this short-lived command an
 		// RCU grace period, 5-25 ms; it is the fallback without pidfds.)
 		wid := proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}
-		wr, perr := pin(wid)
+		wr, perr := proc.Pin(wid)
 		var w *rundir.Watcher
 		if perr != nil {
 			w = d.Watch()
 			defer w.Close()
 		} else {
-			defer wr.close()
+			defer wr.Close()
 		}
 		if err := requestCancel(d, o.PID); err != nil {
 			if !errors.Is(err, errNotRecorded) {
@@ -100,7 +100,7 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 				break // the wrapper died mid-stop: finish the job ourselves
 			}
 			if wr != nil {
-				wr.wait(min(pause, time.Until(until)))
+				wr.Wait(min(pause, time.Until(until)))
 				if time.Now().After(fast) {
 					pause = min(2*pause, 100*time.Millisecond)
 				}
@@ -121,9 +121,9 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 
 // wrapperAlive: the pinned wrapper has not exited, or, without a pin, the
 // record's wrapper is alive.
-func wrapperAlive(wr *pinned, rec *statusfile.Record) bool {
+func wrapperAlive(wr *proc.Pinned, rec *statusfile.Record) bool {
 	if wr != nil {
-		return !wr.wait(0)
+		return !wr.Exited()
 	}
 	return membership.WrapperAlive(rec)
 }
