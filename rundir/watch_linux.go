@@ -66,12 +66,23 @@ func (w *Watcher) arm() {
 }
 
 // Wait blocks until something changed in the directory or timeout passed.
-func (w *Watcher) Wait(timeout time.Duration) {
-	if w.fd < 0 {
-		time.Sleep(timeout)
-		return
+func (w *Watcher) Wait(timeout time.Duration) { w.WaitAlso(timeout, -1) }
+
+// WaitAlso is Wait that also returns when the descriptor also becomes
+// readable (a pidfd: its process exited), and reports whether it did. A
+// negative also is Wait.
+func (w *Watcher) WaitAlso(timeout time.Duration, also int) bool {
+	fds := make([]unix.PollFd, 0, 2)
+	if w.fd >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(w.fd), Events: unix.POLLIN})
 	}
-	fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+	if also >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(also), Events: unix.POLLIN})
+	}
+	if len(fds) == 0 {
+		time.Sleep(timeout)
+		return false
+	}
 	ms := int(timeout / time.Millisecond)
 	if ms < 1 {
 		ms = 1
@@ -82,12 +93,15 @@ func (w *Watcher) Wait(timeout time.Duration) {
 			break
 		}
 	}
-	for {
-		if _, err := unix.Read(w.fd, w.buf); err != nil {
-			break
+	if w.fd >= 0 {
+		for {
+			if _, err := unix.Read(w.fd, w.buf); err != nil {
+				break
+			}
 		}
+		w.arm()
 	}
-	w.arm()
+	return also >= 0 && fds[len(fds)-1].Revents != 0
 }
 
 // Close stops watching.
