@@ -3,11 +3,13 @@
 package cli_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -50,4 +52,54 @@ func TestAttachNoProcessScan(t *testing.T) {
 		t.Errorf("attach read %d /proc/PID/stat files following one run; want a few (the wrapper's, once a judgement)", len(stats))
 	}
 	t.Logf("/proc/PID/stat opens: %d", len(stats))
+}
+
+// TestFollowersSleepOnTheWrapper: wait, logs -f and attach following a
+// quiet live run hold its wrapper by a pidfd and sleep on it and on the run
+// directory, with no timer of their own shorter than 30 s; when the wrapper
+// is SIGKILLed (and its job with it, so the outcome is unknown) each wakes
+// from the pidfd and ends with the unknown outcome's code after the 3 s
+// settle, long before that backstop.
+func TestFollowersSleepOnTheWrapper(t *testing.T) {
+	t.Parallel()
+	root := runtest.NewRoot(t)
+	const id = "follow-pin"
+	c, r := startRun(t, root, id, "--lease", "0", "--no-stream", id, "--", "sleep", "300")
+	rec := r.WaitState(t, statusfile.Running)
+	followers := map[string]*runtest.Cmd{
+		"wait":    runtest.Start(t, root, "wait", id),
+		"logs -f": runtest.Start(t, root, "logs", "-f", id),
+		"attach":  runtest.Start(t, root, "attach", "--from", "0,0", id),
+	}
+	for name, f := range followers {
+		runtest.Eventually(t, name+" holding a pidfd", func() bool { return holdsPidfd(f.Process.Pid) })
+	}
+	killWrapper(t, c, rec)
+	runtest.KillGroup(rec.PGID, rec.LeaderStart)
+	want := map[string]int{"wait": 75, "logs -f": 4, "attach": 75}
+	start := time.Now()
+	for name, f := range followers {
+		code := f.Wait(t)
+		if code != want[name] {
+			t.Errorf("%s exited %d, want %d (outcome unknown)\nstderr: %s", name, code, want[name], f.Stderr.String())
+		}
+	}
+	if took := time.Since(start); took > 25*time.Second {
+		t.Errorf("the followers ended %v after the wrapper died: they slept out their backstop instead of waking on its pidfd", took)
+	}
+}
+
+// holdsPidfd reports whether the process has a pidfd open.
+func holdsPidfd(pid int) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && l == "anon_inode:[pidfd]" {
+			return true
+		}
+	}
+	return false
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -111,7 +110,7 @@ func followLogs(e *Env, d *rundir.Dir, logs ...*logReader) (*statusfile.Record, 
 			}
 			return rec, v, 0
 		}
-		fo.sleep(250 * time.Millisecond)
+		fo.sleep(0)
 	}
 }
 

@@ -5,6 +5,7 @@ package cli
 import (
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -41,16 +42,29 @@ It exits 75 with a message on stderr, and without waiting further, when
 // wrapper is about to write its first one.
 const unknownSettle = 3 * time.Second
 
-// judgeEvery is how often a follower re-judges a non-terminal run (its
-// wrapper's /proc entry; a process scan only when the wrapper is gone);
-// the record itself is re-read on every wake-up.
+// judgeEvery is how often a follower re-judges a non-terminal run whose
+// wrapper it could not pin (its wrapper's /proc entry; a process scan only
+// when the wrapper is gone); the record itself is re-read on every wake-up.
 const judgeEvery = time.Second
+
+// lookEvery is how long a follower sleeps, at most, while it cannot pin the
+// run's wrapper: the record or the logs changing wake it sooner.
+const lookEvery = 250 * time.Millisecond
+
+// pinnedBackstop is how long a follower sleeps, at most, while the run's
+// wrapper is pinned and nothing in the run directory changes. A replaced
+// record, a write to a log (logs -f, attach) and the wrapper's exit each
+// wake it at once, so a quiet run costs its followers no wake-ups; the
+// backstop is for a change inotify does not report.
+const pinnedBackstop = 30 * time.Second
 
 // follower watches one run until its record is terminal or its outcome has
 // been unknown for unknownSettle.
 type follower struct {
 	d            *rundir.Dir
 	w            *rundir.Watcher
+	wrapper      *proc.Pinned  // the record's wrapper, alive and checked when pinned; nil: not pinned
+	pinTried     proc.Identity // the wrapper last tried, so a gone one is tried once
 	lastJudged   time.Time
 	unknownSince time.Time
 }
@@ -64,7 +78,12 @@ func newFollower(d *rundir.Dir, logs bool) *follower {
 	return &follower{d: d, w: d.Watch()}
 }
 
-func (f *follower) Close() { f.w.Close() }
+func (f *follower) Close() {
+	f.w.Close()
+	if f.wrapper != nil {
+		f.wrapper.Close()
+	}
+}
 
 // poll looks once. It returns the terminal record, or a verdict when the
 // outcome has been unknown for unknownSettle, or neither.
@@ -72,6 +91,15 @@ func (f *follower) poll() (*statusfile.Record, *reconcile.Verdict) {
 	rec, err := statusfile.Read(f.d)
 	if err == nil && statusfile.Terminal(rec.State) {
 		return rec, nil
+	}
+	if err == nil {
+		f.pin(rec)
+	}
+	if f.wrapper != nil && !f.wrapper.Exited() {
+		// The record's wrapper runs (pinned after its start time was
+		// checked): the run is live, and its end will be a new record.
+		f.unknownSince = time.Time{}
+		return nil, nil
 	}
 	now := time.Now()
 	if now.Sub(f.lastJudged) < judgeEvery {
@@ -104,14 +132,41 @@ func (f *follower) poll() (*statusfile.Record, *reconcile.Verdict) {
 	return nil, nil
 }
 
-// sleep waits for a change in the run directory, at most d. Under logs -f
-// a job that writes its log without pause wakes the watcher at every
-// re-arm; wake-ups are spaced at least minNap apart so following it costs
-// little.
-func (f *follower) sleep(d time.Duration) {
+// pin holds the record's wrapper by a pidfd, if it is this boot's, alive,
+// and the process the record names (its start time). Each wrapper is tried
+// once: one that is gone is left to the judge.
+func (f *follower) pin(rec *statusfile.Record) {
+	id := proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}
+	if f.wrapper != nil || id == f.pinTried || id.PID <= 1 || id.Start == 0 {
+		return
+	}
+	f.pinTried = id
+	if boot, err := proc.BootID(); err != nil || boot != rec.BootID {
+		return
+	}
+	if p, err := proc.Pin(id); err == nil {
+		f.wrapper = p
+	}
+}
+
+// sleep waits for a change in the run directory or the pinned wrapper's
+// exit: at most limit (0: no limit of the caller's), lookEvery while no
+// wrapper is pinned, pinnedBackstop while one is. Under logs -f a job that
+// writes its log without pause wakes the watcher at every re-arm; wake-ups
+// are spaced at least minNap apart so following it costs little.
+func (f *follower) sleep(limit time.Duration) {
 	const minNap = 20 * time.Millisecond
+	d, also := lookEvery, -1
+	if f.wrapper != nil && !f.wrapper.Exited() {
+		d, also = pinnedBackstop, f.wrapper.FD()
+	}
+	if limit > 0 && limit < d {
+		d = limit
+	}
 	start := time.Now()
-	f.w.Wait(d)
+	if f.w.WaitAlso(d, also) {
+		return // the wrapper exited: look at once
+	}
 	if took := time.Since(start); took < minNap && took < d {
 		time.Sleep(min(minNap, d) - took)
 	}
@@ -158,12 +213,10 @@ func runWait(e *Env, args []string) int {
 			e.errorf("run %s: still %s after %v; stopped waiting (the run goes on)", d.ID, state, time.Duration(timeout))
 			return ExitTempFail
 		}
-		nap := 250 * time.Millisecond
+		var limit time.Duration // none: the follower's own
 		if !deadline.IsZero() {
-			if left := time.Until(deadline); left < nap {
-				nap = left
-			}
+			limit = max(time.Until(deadline), time.Millisecond)
 		}
-		f.sleep(nap)
+		f.sleep(limit)
 	}
 }
