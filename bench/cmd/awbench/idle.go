@@ -14,10 +14,11 @@ import (
 // nor exits, the state most of a host's hundreds of runs are in: the
 // wrapper's CPU time and the number of times its threads were scheduled,
 // per second, over a window that starts a second after the run is running.
-// Three wrappers side by side, each with a silent `sleep`: streaming its
-// logs to pipes drained by this process (as under ssh), with --no-stream,
-// and (the references) coreutils `tail -f` following the streaming run's
-// two logs to a pipe, and tini supervising a sleep.
+// Side by side, each job a silent `sleep`: a wrapper streaming its logs to
+// pipes drained by this process (as under ssh), one with --no-stream, an
+// `attach` following the first (what a controller's run has on the host
+// beside its wrapper), and (the references) coreutils `tail -f` following
+// the streaming run's two logs to a pipe, and tini supervising a sleep.
 func (r *runner) idle() error {
 	window := 10 * time.Second
 	if r.quick {
@@ -74,6 +75,17 @@ func (r *runner) idle() error {
 	if err != nil {
 		return err
 	}
+	// What a controller's run has on the host beside its wrapper: the
+	// `attach` its connection execs after `run --detach`.
+	attOut, err := drain()
+	if err != nil {
+		return err
+	}
+	att, err := r.start(attOut, attOut, false, r.bin, "--root", root, "attach", "--from", "0,0", streamed)
+	if err != nil {
+		return err
+	}
+	sides = append(sides, side{"agent-wrap attach (a controller's reattach) following the streaming run", att.pid, nil})
 	tail, err := r.start(out, nil, false, "tail", "-q", "-f", filepath.Join(runDir, "stdout.log"), filepath.Join(runDir, "stderr.log"))
 	if err != nil {
 		return err
@@ -116,8 +128,8 @@ func (r *runner) idle() error {
 	per := func(t totals) string {
 		return fmt.Sprintf("%.3f ms CPU/s, %.1f wakeups/s", t.cpu*1e3, t.runs)
 	}
-	refs := fmt.Sprintf("%s (tail -f); %s (tini)", per(got[2]), per(got[3]))
-	for i := 0; i < 2; i++ {
+	refs := fmt.Sprintf("%s (tail -f); %s (tini)", per(got[3]), per(got[4]))
+	for i := 0; i < 3; i++ {
 		r.rows = append(r.rows, row{
 			figure:   "idle run in flight, " + sides[i].name,
 			measured: per(got[i]),

@@ -195,7 +195,9 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   VmHWM and RssAnon under the same job.
 - **idle run in flight**: ` + "`agent-wrap run --lease 0 ID -- sleep 300`" + ` with its
   stdout and stderr pipes drained by awbench (as under ssh), and the same with
-  ` + "`--no-stream`" + `; from a second after each is running, for 10 s (4 s quick),
+  ` + "`--no-stream`" + `, and an ` + "`attach --from 0,0`" + ` following the first (what an
+  ` + "`agent-wrap ssh`" + ` run has on the host beside its wrapper); from a second
+  after each is running, for 10 s (4 s quick),
   the CPU time and the number of times its threads ran, summed over
   /proc/PID/task/*/schedstat. References in the same window: coreutils
   ` + "`tail -f`" + ` following the streaming run's two logs, and tini supervising a
