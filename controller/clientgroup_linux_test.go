@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -105,6 +106,68 @@ func TestClientGroupKilledWhileClientRuns(t *testing.T) {
 	})
 	if runtest.AliveAs(member.PID, member.Start) {
 		t.Fatalf("member %d survived", member.PID)
+	}
+}
+
+// TestClientGroupKillsSSHAndProxyCommand: the same against a real ssh
+// client logged in to a real sshd through a ProxyCommand (bash relaying
+// the TCP connection with two cats): a context that ends while the session
+// is open leaves nothing of the group alive, ssh nor any process of its
+// ProxyCommand.
+func TestClientGroupKillsSSHAndProxyCommand(t *testing.T) {
+	t.Parallel()
+	srv := sshtest.Start(t)
+	args := append(srv.SSHArgs(),
+		"-o", `ProxyCommand=bash -c 'exec 3<>/dev/tcp/%h/%p; cat <&3 & exec cat >&3'`,
+		"--", srv.Destination(), "echo up; read x")
+	cmd := exec.Command("ssh", args...)
+	var out, errb runtest.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	stdin, err := cmd.StdinPipe() // open until the test ends: the remote read waits
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	cmd.SysProcAttr = clientAttr()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := proc.ReadStat(cmd.Process.Pid)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { runtest.KillGroup(leader.PID, leader.Start) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- waitClient(ctx, cmd) }()
+
+	runtest.Eventually(t, "the session to be open", func() bool { return out.String() == "up\n" })
+	members := runtest.GroupOf(leader.PID, leader.Start)
+	proxy := 0
+	for _, m := range members {
+		if argv, _ := proc.Cmdline(m.PID); len(argv) > 0 && argv[0] == "cat" {
+			proxy++
+		}
+	}
+	if proxy != 2 {
+		t.Fatalf("group %d has %d processes of the ProxyCommand (want its 2 cats): %v\nssh: %s", leader.PID, proxy, members, errb.String())
+	}
+
+	cancel()
+	err = waitErr(t, done)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != -1 {
+		t.Fatalf("wait = %v, want ssh killed (exit code -1)\nssh: %s", err, errb.String())
+	}
+	runtest.Eventually(t, "the client's group to be empty", func() bool {
+		return len(runtest.GroupOf(leader.PID, leader.Start)) == 0
+	})
+	for _, m := range members {
+		if runtest.AliveAs(m.PID, m.Start) {
+			t.Fatalf("pid %d of the group survived", m.PID)
+		}
 	}
 }
 
