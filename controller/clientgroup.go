@@ -35,13 +35,12 @@ type clientGroup struct {
 	pid int
 
 	mu sync.Mutex
-	// exited: the client has exited (or may have: its exit could not be
-	// watched and it may be reaped at any moment); its group is not to
-	// be signalled by number any more.
+	// exited: the client has exited (awaitExit returned) or been waited
+	// for; its group is not to be signalled by number any more.
 	exited bool
-	// blind: its exit cannot be watched (awaitExit failed); a kill goes
-	// to the client alone, through os.Process, which knows whether it has
-	// reaped it.
+	// blind: its exit cannot be watched (awaitExit failed), so it may be
+	// reaped at any moment; a kill goes to the client alone, through
+	// os.Process.
 	blind bool
 
 	// onKill, if set (tests), is called by each kill with whether it
