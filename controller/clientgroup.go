@@ -43,6 +43,9 @@ type clientGroup struct {
 	// os.Process.
 	blind bool
 
+	// awaitExit is awaitExit (tests make it fail, as a system out of
+	// file descriptors would make it).
+	awaitExit func(pid int) error
 	// onKill, if set (tests), is called by each kill with whether it
 	// sent the group its signal.
 	onKill func(sent bool)
@@ -50,7 +53,7 @@ type clientGroup struct {
 
 // newClientGroup is the group of cmd, a client started with clientAttr.
 func newClientGroup(cmd *exec.Cmd) *clientGroup {
-	return &clientGroup{cmd: cmd, pid: cmd.Process.Pid}
+	return &clientGroup{cmd: cmd, pid: cmd.Process.Pid, awaitExit: awaitExit}
 }
 
 // waitClient waits for cmd, a client started with clientAttr, as
@@ -65,7 +68,7 @@ func waitClient(ctx context.Context, cmd *exec.Cmd) error {
 func (g *clientGroup) wait(ctx context.Context) error {
 	release := guardClient(g.pid)
 	stop := context.AfterFunc(ctx, g.kill)
-	err := awaitExit(g.pid)
+	err := g.awaitExit(g.pid)
 	g.mu.Lock()
 	if err != nil {
 		// Go's Wait below blocks until the client exits; a kill in the

@@ -231,6 +231,48 @@ func TestClientGroupNotSignalledAfterReap(t *testing.T) {
 	}
 }
 
+// TestClientGroupBlindKillsClientOnly: where the client's exit cannot be
+// watched, a context that ends while it runs still kills it, through
+// os.Process (by pidfd: never a reaped number), but not its group: the
+// member lives on.
+func TestClientGroupBlindKillsClientOnly(t *testing.T) {
+	t.Parallel()
+	memberF := filepath.Join(t.TempDir(), "member")
+	cmd, leader, _ := startClient(t, 100*time.Millisecond, `sleep 600 & echo $! > "$1"; wait`, memberF)
+	var member proc.Stat
+	runtest.Eventually(t, "the member to say its PID", func() bool {
+		b, _ := os.ReadFile(memberF)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return false
+		}
+		member, err = proc.ReadStat(pid)
+		return err == nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	g := newClientGroup(cmd)
+	g.awaitExit = func(int) error { return unix.EMFILE }
+	sent := make(chan bool, 1)
+	g.onKill = func(s bool) { sent <- s }
+	done := make(chan error, 1)
+	go func() { done <- g.wait(ctx) }()
+	cancel()
+	err := waitErr(t, done)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != -1 {
+		t.Fatalf("wait = %v, want the client killed (exit code -1)", err)
+	}
+	if s := <-sent; s {
+		t.Fatal("a client whose exit could not be watched had its group signalled by number")
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the client ended with %v, want SIGKILL", ee.Sys())
+	}
+	if !runtest.AliveAs(member.PID, member.Start) || member.PGID != leader.PID {
+		t.Fatalf("member %d (group %d) was killed: only the client was to be", member.PID, member.PGID)
+	}
+}
+
 // TestClientGroupWaitResults: waitClient returns what cmd.Wait would, with
 // ProcessState set: a client's own exit code, and exec.ErrWaitDelay when it
 // exited 0 while a member still held its stdout.
