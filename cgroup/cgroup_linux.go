@@ -190,16 +190,43 @@ func Valid(path string) bool {
 // Procs lists the PIDs in the cgroup (not recursive: runs get no children).
 // A cgroup that is gone has none.
 func Procs(path string) ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+	// Plain syscalls, not os.ReadFile: a cgroup file is pollable, so the os
+	// package would register it with the runtime's epoll and remove it
+	// again, four more syscalls in a read the wrapper's backstop makes
+	// every second.
+	name := path + "/cgroup.procs"
+	fd, err := unix.Open(name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+		if err == unix.ENOENT {
 			return nil, nil
 		}
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	defer unix.Close(fd)
+	var small [512]byte
+	b := small[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := unix.Read(fd, b[len(b):cap(b)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			if err == unix.ENODEV || err == unix.ENOENT {
+				return nil, nil // removed while we read: nothing is in it
+			}
+			return nil, &os.PathError{Op: "read", Path: name, Err: err}
+		}
+		if n == 0 {
+			break
+		}
+		b = b[:len(b)+n]
 	}
 	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if v, err := strconv.Atoi(f); err == nil {
+	for _, f := range bytes.Fields(b) {
+		if v, err := strconv.Atoi(string(f)); err == nil {
 			out = append(out, v)
 		}
 	}

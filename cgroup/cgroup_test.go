@@ -1,7 +1,11 @@
 package cgroup
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
+	"slices"
+	"syscall"
 	"testing"
 )
 
@@ -22,5 +26,59 @@ func TestMountAgreesWithMountinfo(t *testing.T) {
 	}
 	if again, _ := Mount(); again != got {
 		t.Fatalf("second Mount() = %q, want %q", again, got)
+	}
+}
+
+// Procs lists the processes started into a run's cgroup (CLONE_INTO_CGROUP,
+// as the wrapper starts a job), none once they are dead, and nothing,
+// without an error, for a cgroup that is gone.
+func TestProcsListsMembers(t *testing.T) {
+	g, err := Create(fmt.Sprintf("procs-test.%d", os.Getpid()))
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("cannot create a cgroup here: %v", err)
+		}
+		t.Skipf("cannot create a cgroup here: %v", err)
+	}
+	defer g.Close()
+	defer Remove(g.Path)
+	var want []int
+	var cmds []*exec.Cmd
+	for i := 0; i < 3; i++ {
+		c := exec.Command("sleep", "300")
+		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: g.FD()}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, c)
+		want = append(want, c.Process.Pid)
+	}
+	defer func() {
+		for _, c := range cmds {
+			c.Process.Kill() // by pidfd, to our own unreaped child
+			c.Wait()
+		}
+	}()
+	got, err := Procs(g.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	slices.Sort(want) // PIDs wrap
+	if !slices.Equal(got, want) {
+		t.Fatalf("Procs = %v, want %v", got, want)
+	}
+	for _, c := range cmds {
+		c.Process.Kill()
+		c.Wait()
+	}
+	if got, err := Procs(g.Path); err != nil || len(got) != 0 {
+		t.Fatalf("after the members were reaped: Procs = %v, %v; want none", got, err)
+	}
+	if err := Remove(g.Path); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Procs(g.Path); err != nil || got != nil {
+		t.Fatalf("a removed cgroup: Procs = %v, %v; want nil, nil", got, err)
 	}
 }

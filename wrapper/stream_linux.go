@@ -51,7 +51,7 @@ func (s *supervisor) startStreams() *streamer {
 		go func() {
 			defer st.wg.Done()
 			defer f.Close()
-			if err := follow(f, p.w, st.done, int(st.wakeR.Fd())); err != nil {
+			if err := follow(f, p.w, st.done, int(st.wakeR.Fd()), watchBackstop); err != nil {
 				s.journal("stream_lost", journal.Fields{"stream": p.stream, "error": errText(err)}, false)
 			}
 		}()
@@ -78,8 +78,22 @@ func errText(err error) string {
 	return err.Error()
 }
 
+// How long a follower sleeps between looks at its file when nothing tells
+// it of a write. With the inotify watch every write(2), splice, sendfile or
+// copy_file_range to the file, and a truncation, raises IN_MODIFY (and an
+// overflowed queue makes the descriptor readable too), so the backstop is
+// only for what inotify cannot see (a write through a shared mapping of the
+// file): long, so an idle run's follower does not wake several times a
+// second. Without inotify the follower polls the file.
+const (
+	watchBackstop = 10 * time.Second
+	pollBackstop  = 50 * time.Millisecond
+)
+
 // follow copies f to w as it grows, until done is closed and f is read to
-// its end. It wakes on inotify IN_MODIFY, with a timeout as a backstop.
+// its end. It wakes on inotify IN_MODIFY, with a long timeout as a backstop
+// (watchBackstop in a run), and at once when the wake descriptor becomes
+// readable.
 //
 // The watch is one-shot (IN_ONESHOT) and re-armed before each copy to the
 // end of the file: a write after the arm raises an event, a write before it
@@ -87,7 +101,7 @@ func errText(err error) string {
 // follower, not one per write(2): with a watch in place every write makes
 // the kernel allocate and merge an event, about 3% of a job that writes
 // 1 GiB in 8 KiB writes (perf, see bench/cmd/awbench/findings.md).
-func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
+func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, backstop time.Duration) error {
 	ifd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		ifd = -1
@@ -130,12 +144,14 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int) error {
 		default:
 		}
 		fds := []unix.PollFd{{Fd: int32(wake), Events: unix.POLLIN}}
-		timeout := 50
+		timeout := pollBackstop
 		if ifd >= 0 {
 			fds = append(fds, unix.PollFd{Fd: int32(ifd), Events: unix.POLLIN})
-			timeout = 250
+			timeout = backstop
 		}
-		_, _ = unix.Poll(fds, timeout)
+		if n, _ := unix.Poll(fds, int(timeout/time.Millisecond)); n == 0 {
+			continue // a backstop wake: nothing was written, no batch to wait for
+		}
 		for ifd >= 0 {
 			if _, err := unix.Read(ifd, evbuf); err != nil {
 				break

@@ -24,3 +24,19 @@ func TestPackagingOutOfBinary(t *testing.T) {
 		}
 	}
 }
+
+// TestNoPeriodicMaxprocsRead keeps the runtime from re-reading the cgroup's
+// CPU quota every second in every wrapper (see main.go's //go:debug).
+func TestNoPeriodicMaxprocsRead(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.DefaultGODEBUG}}", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	settings := strings.Split(strings.TrimSpace(string(out)), ",")
+	for _, s := range settings {
+		if s == "updatemaxprocs=0" {
+			return
+		}
+	}
+	t.Fatalf("the binary's default GODEBUG is %q: it lacks updatemaxprocs=0", strings.TrimSpace(string(out)))
+}

@@ -28,7 +28,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale", "fanout"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale", "fanout", "idle"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -171,6 +171,8 @@ func (r *runner) figure(name string) error {
 		return r.scale()
 	case "fanout":
 		return r.fanoutFigure()
+	case "idle":
+		return r.idle()
 	}
 	return fmt.Errorf("unknown figure %q", name)
 }

@@ -193,6 +193,13 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   through the page cache), and the VmHWM of ` + "`agent-wrap wait --timeout 1s`" + ` on a
   live run, the same binary started without the run path. Baseline: tini's
   VmHWM and RssAnon under the same job.
+- **idle run in flight**: ` + "`agent-wrap run --lease 0 ID -- sleep 300`" + ` with its
+  stdout and stderr pipes drained by awbench (as under ssh), and the same with
+  ` + "`--no-stream`" + `; from a second after each is running, for 10 s (4 s quick),
+  the CPU time and the number of times its threads ran, summed over
+  /proc/PID/task/*/schedstat. References in the same window: coreutils
+  ` + "`tail -f`" + ` following the streaming run's two logs, and tini supervising a
+  sleep. No target: what a host pays for each of its quiet runs.
 - **watchdog scan**: a root with N synthetic run directories (bench.Fixture:
   100 ` + "`running`" + ` runs with a deadline an hour ahead naming real live processes,
   the rest ` + "`finished`" + ` with a deadline an hour past), ` + "`agent-wrap watchdog --once`" + `

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// idle: what a run in flight costs its host while its job neither writes
+// nor exits, the state most of a host's hundreds of runs are in: the
+// wrapper's CPU time and the number of times its threads were scheduled,
+// per second, over a window that starts a second after the run is running.
+// Three wrappers side by side, each with a silent `sleep`: streaming its
+// logs to pipes drained by this process (as under ssh), with --no-stream,
+// and (the references) coreutils `tail -f` following the streaming run's
+// two logs to a pipe, and tini supervising a sleep.
+func (r *runner) idle() error {
+	window := 10 * time.Second
+	if r.quick {
+		window = 4 * time.Second
+	}
+	root, err := r.newRoot("idle")
+	if err != nil {
+		return err
+	}
+	drain := func() (*os.File, error) {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		go func() { _, _ = io.Copy(io.Discard, pr); pr.Close() }()
+		r.onCleanup(func() { pw.Close() })
+		return pw, nil
+	}
+	type side struct {
+		name string
+		pid  int
+		stop func()
+	}
+	var sides []side
+	add := func(name, id string, stream bool) error {
+		out, err := drain()
+		if err != nil {
+			return err
+		}
+		argv := []string{r.bin, "--root", root, "run", "--lease", "0"}
+		if !stream {
+			argv = append(argv, "--no-stream")
+		}
+		argv = append(argv, id, "--", "sleep", "300")
+		w, err := r.start(out, out, false, argv...)
+		if err != nil {
+			return err
+		}
+		if _, err := waitRunning(root, id, w.pid, nil); err != nil {
+			return err
+		}
+		sides = append(sides, side{name, w.pid, func() { r.stopRun(root, id, w) }})
+		return nil
+	}
+	streamed := r.id("idle")
+	if err := add("agent-wrap, logs streamed to pipes (as under ssh)", streamed, true); err != nil {
+		return err
+	}
+	if err := add("agent-wrap --no-stream", r.id("idle-ns"), false); err != nil {
+		return err
+	}
+	runDir := filepath.Join(root, streamed)
+	out, err := drain()
+	if err != nil {
+		return err
+	}
+	tail, err := r.start(out, nil, false, "tail", "-q", "-f", filepath.Join(runDir, "stdout.log"), filepath.Join(runDir, "stderr.log"))
+	if err != nil {
+		return err
+	}
+	sides = append(sides, side{"tail -f of the streaming run's two logs", tail.pid, nil})
+	tini, err := r.start(nil, nil, false, "tini", "-s", "-g", "--", "sleep", "300")
+	if err != nil {
+		return err
+	}
+	sides = append(sides, side{"tini -s -g -- sleep", tini.pid, nil})
+	defer func() {
+		for _, s := range sides {
+			if s.stop != nil {
+				s.stop()
+			}
+		}
+	}()
+
+	time.Sleep(time.Second) // past the start: the state a run spends its life in
+	type totals struct{ cpu, runs float64 }
+	before := make([]totals, len(sides))
+	for i, s := range sides {
+		c, n, err := threadTotals(s.pid)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		before[i] = totals{c, n}
+	}
+	t0 := time.Now()
+	time.Sleep(window)
+	secs := time.Since(t0).Seconds()
+	got := make([]totals, len(sides))
+	for i, s := range sides {
+		c, n, err := threadTotals(s.pid)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		got[i] = totals{(c - before[i].cpu) / secs, (n - before[i].runs) / secs}
+	}
+	per := func(t totals) string {
+		return fmt.Sprintf("%.3f ms CPU/s, %.1f wakeups/s", t.cpu*1e3, t.runs)
+	}
+	refs := fmt.Sprintf("%s (tail -f); %s (tini)", per(got[2]), per(got[3]))
+	for i := 0; i < 2; i++ {
+		r.rows = append(r.rows, row{
+			figure:   "idle run in flight, " + sides[i].name,
+			measured: per(got[i]),
+			baseline: refs,
+			ratio:    fmt.Sprintf("%.1f %% of one CPU at 1000 runs", got[i].cpu*1000*100),
+			target:   "—", limit: "—", pass: "n/a",
+		})
+	}
+	r.detail("idle: %.1f s window, a second after each run was running; CPU time is the sum over the process's threads of /proc/PID/task/TID/schedstat's run time, wakeups the sum of its timeslice counts", secs)
+	return nil
+}
+
+// threadTotals sums, over the threads of pid, the CPU time (seconds) and the
+// number of times each was scheduled, from /proc/PID/task/*/schedstat.
+func threadTotals(pid int) (cpu, runs float64, err error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "schedstat"))
+		if err != nil {
+			continue // a thread that ended meanwhile
+		}
+		f := bytes.Fields(b)
+		if len(f) < 3 {
+			return 0, 0, fmt.Errorf("%s/%s/schedstat: %q", dir, t.Name(), b)
+		}
+		ns, err1 := strconv.ParseFloat(string(f[0]), 64)
+		n, err2 := strconv.ParseFloat(string(f[2]), 64)
+		if err1 != nil || err2 != nil {
+			return 0, 0, fmt.Errorf("%s/%s/schedstat: %q", dir, t.Name(), b)
+		}
+		cpu, runs = cpu+ns/1e9, runs+n
+	}
+	return cpu, runs, nil
+}
