@@ -511,12 +511,7 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	if err := cmd.Start(); err != nil {
 		return callResult{code: 255, err: err}
 	}
-	pid := cmd.Process.Pid
-	release := guardClient(pid)
-	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
-	err = cmd.Wait()
-	stop()
-	release()
+	err = waitClient(ctx, cmd) // ctx ending kills its group (clientgroup.go)
 	res := callResult{}
 	var ee *exec.ExitError
 	switch {

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/exitcode"
@@ -319,9 +318,10 @@ var callSeq atomic.Int64
 // remote command's streams; ssh's own messages go to a log file (OpenSSH's
 // -E) and come back in the result, so they are never mistaken for the job's
 // stderr. The client runs in a process group of its own, so a terminal's ^C
-// reaches the controller, not its connections; ctx ending kills that group
-// (ssh and its ProxyCommand), and the controller's death kills ssh
-// (clientAttr and guardClient: orphan.go).
+// reaches the controller, not its connections; ctx ending while ssh runs
+// kills that group (ssh and its ProxyCommand; never once ssh is reaped,
+// when the number may be another's: clientgroup.go), and the controller's
+// death kills ssh (clientAttr and guardClient: orphan.go).
 func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
 	return h.callIn(ctx, line, nil, stdout, stderr)
 }
@@ -367,12 +367,7 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.
 	if err := cmd.Start(); err != nil {
 		return callResult{code: exitcode.Lost, err: err}
 	}
-	pid := cmd.Process.Pid
-	release := guardClient(pid)
-	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
-	err := cmd.Wait()
-	stop()
-	release()
+	err := waitClient(ctx, cmd) // ctx ending kills its group (clientgroup.go)
 	res := callResult{}
 	var ee *exec.ExitError
 	switch {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -85,33 +86,59 @@ func reconcileAll(t testing.TB, root string) map[string]verdict {
 	return vs
 }
 
-// readPID reads a decimal PID a job wrote into a file the test owns (0 if
-// none yet).
-func readPID(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return v
+// sayWho is shell that writes "PID START" to path: the PID ($$) of the
+// shell that runs it and its start time (field 22 of /proc/$$/stat, counted
+// after the ") " that ends the command name), with builtins only. A job
+// names itself so, outside the run directory, so that a check never
+// depends on the records it judges, and a number the kernel has given to
+// another process since is not taken for the job's.
+func sayWho(path string) string {
+	return `read -r s < /proc/$$/stat; s=${s##*) }; set -- $s; echo $$ ${20} > ` + path
 }
 
-// liveGroup lists the live (not zombie) processes in group pgid, read from
-// /proc, as "pid (argv)".
-func liveGroup(pgid int) []string {
+// readWho reads what sayWho wrote (the zero Identity if nothing whole yet).
+func readWho(path string) proc.Identity {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return proc.Identity{}
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return proc.Identity{}
+	}
+	pid, err1 := strconv.Atoi(f[0])
+	start, err2 := strconv.ParseUint(f[1], 10, 64)
+	if err1 != nil || err2 != nil || pid <= 1 || start == 0 {
+		return proc.Identity{}
+	}
+	return proc.Identity{PID: pid, Start: start}
+}
+
+// group lists the live (not zombie) members of the process group led by
+// leader, read from /proc, and none of a group that took the number since
+// (runtest.GroupOf).
+func group(leader proc.Identity) []proc.Stat {
+	if leader.PID <= 1 {
+		return nil
+	}
+	return runtest.GroupOf(leader.PID, leader.Start)
+}
+
+// liveGroup is group as "pid (argv) state S" lines.
+func liveGroup(leader proc.Identity) []string {
 	var out []string
-	for _, p := range runtest.Members(pgid) {
+	for _, p := range group(leader) {
 		argv, _ := proc.Cmdline(p.PID)
 		out = append(out, fmt.Sprintf("%d (%s) state %c", p.PID, strings.Join(argv, " "), p.State))
 	}
 	return out
 }
 
-// killGroup is test cleanup by recorded PGID: SIGKILL to a group that still
-// has live members.
-func killGroup(pgid int) {
-	if pgid > 1 && len(runtest.Members(pgid)) > 0 {
-		_ = unix.Kill(-pgid, unix.SIGKILL)
+// killGroup is test cleanup by recorded leader: SIGKILL to each member of
+// its group, each checked against its start time (runtest.KillGroup).
+func killGroup(leader proc.Identity) {
+	if leader.PID > 1 {
+		runtest.KillGroup(leader.PID, leader.Start)
 	}
 }
 
@@ -161,4 +188,24 @@ func sysStat(fi os.FileInfo) (uint32, bool) {
 		return 0, false
 	}
 	return st.Uid, true
+}
+
+// TestSayWho: what a job writes with sayWho is its PID and the start time
+// /proc gives it (proc.ReadStat), for a leader in a session of its own as
+// a job is, across its exec.
+func TestSayWho(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "who")
+	st := runtest.Spawn(t, nil, "sh", "-c", sayWho(path)+"; exec sleep 600")
+	var got proc.Identity
+	runtest.Eventually(t, "the job to say who it is", func() bool {
+		got = readWho(path)
+		return got.PID != 0
+	})
+	if got.PID != st.PID || got.Start != st.Start {
+		t.Fatalf("sayWho wrote %+v, /proc says pid %d start %d", got, st.PID, st.Start)
+	}
+	if !alive(got) || len(group(got)) != 1 {
+		t.Fatalf("the job %+v is not found alive as the one member of its group: %v", got, liveGroup(got))
+	}
 }

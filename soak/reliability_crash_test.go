@@ -43,8 +43,8 @@ const (
 type crashRun struct {
 	id, phase string
 	delay     time.Duration // after the phase began
-	leaderF   string        // where the job writes its leader PID (== PGID)
-	escapedF  string        // where its escaped descendant writes its PID
+	leaderF   string        // where the job says who its leader is (sayWho; PID == PGID)
+	escapedF  string        // where its escaped descendant says who it is
 	started   time.Time
 	stateAt   string // the record's state when the wrapper was killed
 	wrapper   int    // the wrapper's PID, which names its cgroup
@@ -168,10 +168,10 @@ func crashBatch(t *testing.T, b int, runs []*crashRun, rng *rand.Rand, stats map
 	// The watchdog's stops end with KILL; wait for the kernel to finish
 	// them (a group member is dead once it is a zombie).
 	for _, r := range runs {
-		pg := readPID(r.leaderF)
-		esc := readPID(r.escapedF)
+		pg := readWho(r.leaderF)
+		esc := readWho(r.escapedF)
 		ok := runtest.Within(runtest.Patience, func() bool {
-			return len(runtest.Members(pg)) == 0 && !aliveSleep(esc)
+			return len(group(pg)) == 0 && !alive(esc)
 		})
 		if !ok {
 			rec := runtest.Run{Root: root, ID: r.id}.Status()
@@ -179,11 +179,11 @@ func crashBatch(t *testing.T, b int, runs []*crashRun, rng *rand.Rand, stats map
 			if rec != nil {
 				state = rec.State
 				for _, e := range rec.Escaped {
-					recorded = recorded || e.PID == esc
+					recorded = recorded || (e.PID == esc.PID && e.Start == esc.Start)
 				}
 			}
 			msg := fmt.Sprintf("batch %d: %s (killed %v into %s, record %s at the kill, %s now; escape recorded: %v): survived watchdog --once: group %d: %v, escaped %d alive: %v",
-				b, r.id, r.delay, r.phase, r.stateAt, state, recorded, pg, liveGroup(pg), esc, aliveSleep(esc))
+				b, r.id, r.delay, r.phase, r.stateAt, state, recorded, pg.PID, liveGroup(pg), esc.PID, alive(esc))
 			if strings.Contains(out, `"run_id":"`+r.id+`","action":"refused"`) && strings.Contains(out, "cannot be told") {
 				// Killed between opening the logs and writing the pid file,
 				// with no cgroup to find the job by: the watchdog says it
@@ -201,7 +201,7 @@ func crashBatch(t *testing.T, b int, runs []*crashRun, rng *rand.Rand, stats map
 
 // crashOne starts one run and SIGKILLs its wrapper at r.delay into r.phase.
 func crashOne(bin, root string, r *crashRun, finishAfter int) error {
-	script := `echo $$ > ` + r.leaderF + `; sleep 60 & setsid sh -c 'echo $$ > ` + r.escapedF + `; exec sleep 60' & `
+	script := sayWho(r.leaderF) + `; sleep 60 & setsid sh -c '` + sayWho(r.escapedF) + `; exec sleep 60' & `
 	switch r.phase {
 	case "cancelling":
 		script = `trap '' TERM; ` + script + `wait`
@@ -305,34 +305,30 @@ func checkVerdicts(t *testing.T, root string, runs []*crashRun, when string) {
 				t.Errorf("%s: %s: reconcile says completed, record says %q: %+v", when, r.id, state, v)
 			}
 		case "cancelled":
-			pg, esc := readPID(r.leaderF), readPID(r.escapedF)
+			pg, esc := readWho(r.leaderF), readWho(r.escapedF)
 			if state != statusfile.Cancelled {
 				t.Errorf("%s: %s: reconcile says cancelled, record says %q: %+v", when, r.id, state, v)
 			}
-			if live := liveGroup(pg); len(live) > 0 || aliveSleep(esc) {
+			if live := liveGroup(pg); len(live) > 0 || alive(esc) {
 				// Members may be between KILL and death for a moment.
-				if !runtest.Within(5*time.Second, func() bool { return len(runtest.Members(pg)) == 0 && !aliveSleep(esc) }) {
-					t.Errorf("%s: %s: reconcile says cancelled, but group %d has %v and escaped %d alive: %v", when, r.id, pg, live, esc, aliveSleep(esc))
+				if !runtest.Within(5*time.Second, func() bool { return len(group(pg)) == 0 && !alive(esc) }) {
+					t.Errorf("%s: %s: reconcile says cancelled, but group %d has %v and escaped %d alive: %v", when, r.id, pg.PID, live, esc.PID, alive(esc))
 				}
 			}
 		}
 	}
 }
 
-// aliveSleep reports whether pid is a live `sleep` (the escaped descendant
-// the job started), so a recycled PID is not taken for it.
-func aliveSleep(pid int) bool {
-	if pid <= 1 || !runtest.Alive(pid) {
-		return false
-	}
-	argv, _ := proc.Cmdline(pid)
-	return len(argv) > 0 && argv[0] == "sleep"
+// alive reports whether the process sayWho named still runs (a PID the
+// kernel gave to another process since is not it).
+func alive(id proc.Identity) bool {
+	return id.PID > 1 && runtest.AliveAs(id.PID, id.Start)
 }
 
 func cleanupCrashRun(root string, r *crashRun) {
-	killGroup(readPID(r.leaderF))
-	if esc := readPID(r.escapedF); aliveSleep(esc) {
-		_ = unix.Kill(esc, unix.SIGKILL)
+	killGroup(readWho(r.leaderF))
+	if esc := readWho(r.escapedF); esc.PID > 1 {
+		_ = stop.Signal(esc, unix.SIGKILL) // checked against its start time
 	}
 	runtest.Run{Root: root, ID: r.id}.Kill()
 	// A wrapper killed before its record named its cgroup leaves it

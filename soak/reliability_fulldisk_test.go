@@ -51,11 +51,11 @@ func TestFullDisk(t *testing.T) {
 	for _, x := range runs {
 		// The job keeps writing to its stdout.log (the writes fail once
 		// the disk is full) and has a group member.
-		script := `echo $$ > ` + tmp + `/` + x.id + `.pid; sleep 60 & while :; do echo tick || :; sleep 0.1; done`
+		script := sayWho(filepath.Join(tmp, x.id+".pid")) + `; sleep 60 & while :; do echo tick || :; sleep 0.1; done`
 		x.w = runtest.Start(t, root, "run", "--no-stream", "--lease", x.lease, "--grace", "1", x.id, "--", "sh", "-c", script)
 		x.r = runtest.Run{Root: root, ID: x.id}
 		t.Cleanup(x.r.Kill)
-		t.Cleanup(func() { killGroup(readPID(filepath.Join(tmp, x.id+".pid"))) })
+		t.Cleanup(func() { killGroup(readWho(filepath.Join(tmp, x.id+".pid"))) })
 	}
 	for _, x := range runs {
 		x.r.WaitState(t, statusfile.Running)
@@ -94,7 +94,7 @@ func TestFullDisk(t *testing.T) {
 	// The job must be stopped. cancel may still exit 1: it confirms a stop
 	// by the final record, which cannot be written while the disk is full.
 	cancelStopped := runtest.Within(runtest.Patience, func() bool {
-		return len(runtest.Members(readPID(filepath.Join(tmp, cancel.id+".pid")))) == 0
+		return len(group(readWho(filepath.Join(tmp, cancel.id+".pid")))) == 0
 	})
 	if !cancelStopped {
 		knownBug(t, "cli/cmd_cancel.go: `cancel` on a full disk, wrapper alive: exit %d and the job not stopped; stderr: %s", code, errs)
@@ -104,8 +104,8 @@ func TestFullDisk(t *testing.T) {
 		}
 	}
 	for _, x := range runs {
-		pgid := readPID(filepath.Join(tmp, x.id+".pid"))
-		runtest.Eventually(t, x.id+"'s group to be stopped on a full disk", func() bool { return len(runtest.Members(pgid)) == 0 })
+		leader := readWho(filepath.Join(tmp, x.id+".pid"))
+		runtest.Eventually(t, x.id+"'s group to be stopped on a full disk", func() bool { return len(group(leader)) == 0 })
 		c := x.w.Wait(t)
 		want := 143
 		if x.id == "full-lease" {

@@ -12,6 +12,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/membership"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -87,9 +88,10 @@ func TestLoad(t *testing.T) {
 		if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseCancel || len(rec.Survivors) != 0 {
 			t.Errorf("%s: state %s, cause %s, survivors %v; want cancelled, cancel, none", id, rec.State, rec.Cause, rec.Survivors)
 		}
-		if live := liveGroup(rec.PGID); len(live) > 0 {
+		leader := proc.Identity{PID: rec.PGID, Start: rec.LeaderStart}
+		if live := liveGroup(leader); len(live) > 0 {
 			// KILLed members may need a moment to be zombies.
-			if !runtest.Within(5*time.Second, func() bool { return len(runtest.Members(rec.PGID)) == 0 }) {
+			if !runtest.Within(5*time.Second, func() bool { return len(group(leader)) == 0 }) {
 				survivors += len(live)
 				t.Errorf("%s: alive after a confirmed cancel: %v", id, live)
 			}
