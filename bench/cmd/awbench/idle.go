@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/bench"
 )
 
 // idle: what a run in flight costs its host while its job neither writes
@@ -105,25 +107,50 @@ func (r *runner) idle() error {
 	}()
 
 	time.Sleep(time.Second) // past the start: the state a run spends its life in
+	// Windows in a row, each side's median reported: CPU time per wake-up
+	// moves with whatever else the machine is doing (a figure run after
+	// the 1000-run scale measured five times what it did alone), the
+	// median of a few windows less so.
+	windows := r.n(5, 3)
 	type totals struct{ cpu, runs float64 }
-	before := make([]totals, len(sides))
-	for i, s := range sides {
-		c, n, err := threadTotals(s.pid)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+	samples := make([][]totals, len(sides))
+	read := func() ([]totals, error) {
+		out := make([]totals, len(sides))
+		for i, s := range sides {
+			c, n, err := threadTotals(s.pid)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", s.name, err)
+			}
+			out[i] = totals{c, n}
 		}
-		before[i] = totals{c, n}
+		return out, nil
+	}
+	prev, err := read()
+	if err != nil {
+		return err
 	}
 	t0 := time.Now()
-	time.Sleep(window)
-	secs := time.Since(t0).Seconds()
-	got := make([]totals, len(sides))
-	for i, s := range sides {
-		c, n, err := threadTotals(s.pid)
+	for w := 0; w < windows; w++ {
+		time.Sleep(window / time.Duration(windows))
+		now, err := read()
 		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+			return err
 		}
-		got[i] = totals{(c - before[i].cpu) / secs, (n - before[i].runs) / secs}
+		secs := time.Since(t0).Seconds()
+		for i := range sides {
+			samples[i] = append(samples[i], totals{(now[i].cpu - prev[i].cpu) / secs, (now[i].runs - prev[i].runs) / secs})
+		}
+		prev, t0 = now, time.Now()
+	}
+	got := make([]totals, len(sides))
+	cpus := make([][]float64, len(sides))
+	for i := range sides {
+		var runs []float64
+		for _, t := range samples[i] {
+			cpus[i] = append(cpus[i], t.cpu*1e3)
+			runs = append(runs, t.runs)
+		}
+		got[i] = totals{bench.Median(cpus[i]) / 1e3, bench.Median(runs)}
 	}
 	per := func(t totals) string {
 		return fmt.Sprintf("%.3f ms CPU/s, %.1f wakeups/s", t.cpu*1e3, t.runs)
@@ -137,8 +164,9 @@ func (r *runner) idle() error {
 			ratio:    fmt.Sprintf("%.1f %% of one CPU at 1000 runs", got[i].cpu*1000*100),
 			target:   "—", limit: "—", pass: "n/a",
 		})
+		r.detail("idle, %s: ms CPU/s in each window %s", sides[i].name, spread(cpus[i], func(v float64) string { return fmt.Sprintf("%.3f", v) }))
 	}
-	r.detail("idle: %.1f s window, a second after each run was running; CPU time is the sum over the process's threads of /proc/PID/task/TID/schedstat's run time, wakeups the sum of its timeslice counts", secs)
+	r.detail("idle: %d windows of %.1f s, from a second after each run was running, the median of each side reported; CPU time is the sum over the process's threads of /proc/PID/task/TID/schedstat's run time, wakeups the sum of its timeslice counts", windows, (window / time.Duration(windows)).Seconds())
 	return nil
 }
 

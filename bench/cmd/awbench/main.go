@@ -28,7 +28,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale", "fanout", "idle"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "idle", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale", "fanout"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {

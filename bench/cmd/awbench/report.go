@@ -197,7 +197,7 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   stdout and stderr pipes drained by awbench (as under ssh), and the same with
   ` + "`--no-stream`" + `, and an ` + "`attach --from 0,0`" + ` following the first (what an
   ` + "`agent-wrap ssh`" + ` run has on the host beside its wrapper); from a second
-  after each is running, for 10 s (4 s quick),
+  after each is running, 5 windows over 10 s (3 over 4 s quick), the median,
   the CPU time and the number of times its threads ran, summed over
   /proc/PID/task/*/schedstat. References in the same window: coreutils
   ` + "`tail -f`" + ` following the streaming run's two logs, and tini supervising a
