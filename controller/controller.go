@@ -552,11 +552,16 @@ func (r *Run) attached() {
 }
 
 // withGiveUp returns ctx that also ends when --give-up passes, whatever
-// the call's ssh still believes.
+// the call's ssh still believes. It sleeps until the give-up would pass if
+// nothing were renewed meanwhile, then looks: a renewal since moved the
+// time on, so a run in flight wakes it about once per --give-up, not
+// several times a second. Past that time without having given up (a run
+// without a lease gives up only while detached or launching), it looks
+// every giveUpLook.
 func (r *Run) withGiveUp(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	go func() {
-		t := time.NewTicker(250 * time.Millisecond)
+		t := time.NewTimer(r.untilGiveUp())
 		defer t.Stop()
 		for {
 			select {
@@ -567,10 +572,21 @@ func (r *Run) withGiveUp(ctx context.Context) (context.Context, context.CancelFu
 					cancel()
 					return
 				}
+				t.Reset(r.untilGiveUp())
 			}
 		}
 	}()
 	return ctx, cancel
+}
+
+// giveUpLook is how often withGiveUp looks once the give-up time has passed
+// without the run giving up.
+const giveUpLook = 250 * time.Millisecond
+
+// untilGiveUp is how long until gaveUp may next be true: the last renewal
+// plus --give-up, and at least giveUpLook.
+func (r *Run) untilGiveUp() time.Duration {
+	return max(time.Until(time.Unix(0, r.lastRenew.Load()).Add(r.cfg.GiveUp)), giveUpLook)
 }
 
 // detached records a lost connection, once per loss.
