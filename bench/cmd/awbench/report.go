@@ -196,8 +196,10 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
 - **idle run in flight**: ` + "`agent-wrap run --lease 0 ID -- sleep 300`" + ` with its
   stdout and stderr pipes drained by awbench (as under ssh), and the same with
   ` + "`--no-stream`" + `, and an ` + "`attach --from 0,0`" + ` following the first (what an
-  ` + "`agent-wrap ssh`" + ` run has on the host beside its wrapper); from a second
-  after each is running, 5 windows over 10 s (3 over 4 s quick), the median,
+  ` + "`agent-wrap ssh`" + ` run has on the host beside its wrapper), and the
+  ` + "`agent-wrap ssh`" + ` controller of a quiet run on the local sshd (lease 15 s, a
+  renewal every 5 s, through a ControlMaster of its own); from a second
+  after each is running, 5 windows over 10 s (3 over 4 s quick), their mean,
   the CPU time and the number of times its threads ran, summed over
   /proc/PID/task/*/schedstat. References in the same window: coreutils
   ` + "`tail -f`" + ` following the streaming run's two logs, and tini supervising a
