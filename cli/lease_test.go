@@ -60,9 +60,8 @@ func deadlineOf(t *testing.T, r runtest.Run) int64 {
 
 // A leased run lives on while it is renewed, each renewal moving the
 // deadline on; a renewal that ends the lease (renew --lease 1s) has the
-// wrapper stop it within that lease, plus the second a wrapper without
-// inotify takes to see a deadline moved closer, plus 2 s (cause lease, exit
-// 124); and a
+// wrapper stop it within that lease, plus the second the wrapper takes to
+// see a deadline moved closer, plus 2 s (cause lease, exit 124); and a
 // renewal afterwards is refused while the job stays dead.
 func TestLeaseRenewThenExpire(t *testing.T) {
 	root := runtest.NewRoot(t)
@@ -93,7 +92,7 @@ func TestLeaseRenewThenExpire(t *testing.T) {
 		t.Fatalf("exit %d, want 124\n%s", code, c.Stderr.String())
 	}
 	// lease 1s, rounded up to a whole second; the wrapper's look at the
-	// deadline (at once with inotify, within a second without); + 2s
+	// deadline, once a second; + 2s
 	if limit := 2*time.Second + time.Second + 2*time.Second; took > limit {
 		t.Errorf("stopped %v after the renewal that ended the lease, want within %v", took, limit)
 	}

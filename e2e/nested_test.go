@@ -273,10 +273,9 @@ func TestNested2OuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	wantFinal(t, inner, "cancelled", "lease", 124)
 	ended := parseTime(t, c.full("inner2").EndedAt)
 	// The bound: the inner grace after the outer deadline, plus the second
-	// in which a wrapper without inotify sees a deadline moved closer
-	// (docs/reference.md, renew; with inotify it is at once): a launch
-	// that took over a second to reach B gets a deadline rounded up past
-	// the outer one, and the next renewal moves it back.
+	// in which a wrapper sees a deadline moved closer (docs/reference.md,
+	// renew): a launch that took over a second to reach B gets a deadline
+	// rounded up past the outer one, and the next renewal moves it back.
 	const notice = time.Second
 	bound := time.Unix(outerDeadline, 0).Add(innerGrace + notice)
 	t.Logf("inner run ended %v after the outer deadline (bound: the inner grace %v and a renewal's notice %v)",

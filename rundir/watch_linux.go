@@ -1,10 +1,7 @@
 package rundir
 
 import (
-	"bytes"
-	"encoding/binary"
 	"fmt"
-	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -113,58 +110,4 @@ func (w *Watcher) Close() {
 		unix.Close(w.fd)
 		w.fd = -1
 	}
-}
-
-// Replaced watches the directory for name being replaced by a rename (how
-// every file of a run is rewritten): it returns a channel that receives,
-// coalesced, once after each such replacement (and after an overflow of the
-// event queue, when no one can tell what was replaced), and a stop func.
-// The watch is read through the runtime's poller, so a waiting goroutine
-// holds no thread. Without inotify it returns the error, and the caller
-// looks for itself.
-func (d *Dir) Replaced(name string) (<-chan struct{}, func(), error) {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		return nil, nil, os.NewSyscallError("inotify_init1", err)
-	}
-	if _, err := unix.InotifyAddWatch(fd, fmt.Sprintf("/proc/self/fd/%d", d.fd), unix.IN_MOVED_TO); err != nil {
-		unix.Close(fd)
-		return nil, nil, os.NewSyscallError("inotify_add_watch", err)
-	}
-	f := os.NewFile(uintptr(fd), "inotify") // non-blocking: the poller waits on it
-	c := make(chan struct{}, 1)
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, err := f.Read(buf)
-			if err != nil {
-				return // stopped
-			}
-			if replacedIn(buf[:n], name) {
-				select {
-				case c <- struct{}{}:
-				default: // one is pending already
-				}
-			}
-		}
-	}()
-	return c, func() { f.Close() }, nil
-}
-
-// replacedIn reports whether the inotify events in b name name, or report
-// an overflow of the queue.
-func replacedIn(b []byte, name string) bool {
-	for len(b) >= unix.SizeofInotifyEvent {
-		mask := binary.NativeEndian.Uint32(b[4:8])
-		n := int(binary.NativeEndian.Uint32(b[12:16]))
-		end := unix.SizeofInotifyEvent + n
-		if end > len(b) {
-			return true // torn: look anyway
-		}
-		if mask&unix.IN_Q_OVERFLOW != 0 || string(bytes.TrimRight(b[unix.SizeofInotifyEvent:end], "\x00")) == name {
-			return true
-		}
-		b = b[end:]
-	}
-	return false
 }

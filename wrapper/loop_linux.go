@@ -8,7 +8,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/proc"
-	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/stop"
 )
@@ -23,29 +22,10 @@ func (s *supervisor) wait(deadline int64) string {
 		defer timer.Stop()
 		leaseC = timer.C
 	}
-	// A renewal may also shorten the lease (renew --lease 1s ends a run
-	// on demand): deadline_epoch is replaced by a rename, and the watch
-	// says so at once. Without inotify the backstop tick looks.
-	var moved <-chan struct{}
-	if timer != nil {
-		if c, stop, err := s.d.Replaced(rundir.DeadlineFile); err == nil {
-			moved = c
-			defer stop()
-		}
-	}
 	// A backstop scan finds escaped descendants within about a second and
 	// reaps orphans even if a SIGCHLD was coalesced with another.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	// closer moves the timer up to a deadline renew moved closer, where
-	// checkLease decides under the lock.
-	closer := func() {
-		if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
-			deadline = dl
-			timer.Reset(time.Until(time.Unix(dl, 0)))
-			s.deadlineMoved(dl)
-		}
-	}
 
 	if s.pollLeader() {
 		return s.cancelledMeanwhile()
@@ -74,8 +54,6 @@ func (s *supervisor) wait(deadline int64) string {
 			}
 		case <-s.controlChanged():
 			s.recordHandoffs()
-		case <-moved:
-			closer()
 		case <-leaseC:
 			next, expired := s.checkLease()
 			if expired != "" {
@@ -88,8 +66,15 @@ func (s *supervisor) wait(deadline int64) string {
 			if s.pollLeader() {
 				return s.cancelledMeanwhile()
 			}
-			if timer != nil && moved == nil {
-				closer()
+			if timer != nil {
+				// A renewal may also shorten the lease (renew --lease 1s
+				// ends a run on demand): the timer is moved up to the new
+				// deadline, where checkLease decides under the lock.
+				if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
+					deadline = dl
+					timer.Reset(time.Until(time.Unix(dl, 0)))
+					s.deadlineMoved(dl)
+				}
 			}
 		}
 	}
