@@ -153,7 +153,9 @@ func (f *follower) pin(rec *statusfile.Record) {
 // exit: at most limit (0: no limit of the caller's), lookEvery while no
 // wrapper is pinned, pinnedBackstop while one is. Under logs -f a job that
 // writes its log without pause wakes the watcher at every re-arm; wake-ups
-// are spaced at least minNap apart so following it costs little.
+// are spaced at least minNap apart so following it costs little. (For its
+// first second the watcher has no inotify watch and looks at growing
+// intervals instead: see rundir.Watcher.)
 func (f *follower) sleep(limit time.Duration) {
 	const minNap = 20 * time.Millisecond
 	d, also := lookEvery, -1
@@ -167,7 +169,8 @@ func (f *follower) sleep(limit time.Duration) {
 	if f.w.WaitAlso(d, also) {
 		return // the wrapper exited: look at once
 	}
-	if took := time.Since(start); took < minNap && took < d {
+	// Before its watch is set up the watcher spaces its looks itself.
+	if took := time.Since(start); f.w.Armed() && took < minNap && took < d {
 		time.Sleep(min(minNap, d) - took)
 	}
 }
