@@ -51,7 +51,7 @@ func (s *supervisor) startStreams() *streamer {
 		go func() {
 			defer st.wg.Done()
 			defer f.Close()
-			if err := follow(f, p.w, st.done, int(st.wakeR.Fd()), watchBackstop); err != nil {
+			if err := follow(f, p.w, st.done, int(st.wakeR.Fd()), watchAfter, watchBackstop); err != nil {
 				s.journal("stream_lost", journal.Fields{"stream": p.stream, "error": errText(err)}, false)
 			}
 		}()
@@ -78,21 +78,28 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// How long a follower sleeps between looks at its file when nothing tells
-// it of a write. With the inotify watch every write(2), splice, sendfile or
-// copy_file_range to the file, and a truncation, raises IN_MODIFY (and an
-// overflowed queue makes the descriptor readable too), so the backstop is
-// only for what inotify cannot see (a write through a shared mapping of the
-// file): long, so an idle run's follower does not wake several times a
-// second. Without inotify the follower polls the file.
+// How a follower learns that its file grew. With an inotify watch, every
+// write(2), splice, sendfile or copy_file_range to the file, and a
+// truncation, raises IN_MODIFY (and an overflowed queue makes the
+// descriptor readable too), so the timeout is only a backstop for what
+// inotify cannot see (a write through a shared mapping of the file): long,
+// so an idle run's follower does not wake several times a second. The watch
+// is set up only after watchAfter: closing an inotify descriptor that has
+// held a mark, or exiting with one, waits for an SRCU grace period (12 ms
+// measured here, at the end of every streamed run before this), so a run
+// that ends within a second is followed by looking at the file after 1 ms,
+// doubling to pollBackstop. Without inotify the follower looks every
+// pollBackstop.
 const (
+	watchAfter    = time.Second
 	watchBackstop = 10 * time.Second
 	pollBackstop  = 50 * time.Millisecond
 )
 
 // follow copies f to w as it grows, until done is closed and f is read to
-// its end. It wakes on inotify IN_MODIFY, with a long timeout as a backstop
-// (watchBackstop in a run), and at once when the wake descriptor becomes
+// its end. After watchAfter it wakes on inotify IN_MODIFY, with a long
+// timeout as a backstop (watchBackstop in a run); before that it looks at
+// growing intervals; and at once when the wake descriptor becomes
 // readable.
 //
 // The watch is one-shot (IN_ONESHOT) and re-armed before each copy to the
@@ -101,11 +108,8 @@ const (
 // follower, not one per write(2): with a watch in place every write makes
 // the kernel allocate and merge an event, about 3% of a job that writes
 // 1 GiB in 8 KiB writes (perf, see bench/cmd/awbench/findings.md).
-func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, backstop time.Duration) error {
-	ifd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		ifd = -1
-	}
+func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, watchAfter, backstop time.Duration) error {
+	ifd, noWatch := -1, false
 	defer func() {
 		if ifd >= 0 {
 			unix.Close(ifd)
@@ -120,15 +124,22 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, backstop ti
 		}
 		if _, err := unix.InotifyAddWatch(ifd, watched, unix.IN_MODIFY|unix.IN_CLOSE_WRITE|unix.IN_ONESHOT); err != nil {
 			unix.Close(ifd)
-			ifd = -1 // fall back to the timeout alone
+			ifd, noWatch = -1, true // fall back to the timeout alone
 		}
 	}
 	p := newPump(f, w)
 	evbuf := make([]byte, 4096)
 	batch := time.NewTimer(10 * time.Millisecond)
 	defer batch.Stop()
+	watchAt, nap := time.Now().Add(watchAfter), time.Millisecond
 	final := false
 	for {
+		if ifd < 0 && !noWatch && !time.Now().Before(watchAt) {
+			// Set up before the copy below, so a write after it wakes us.
+			if ifd, _ = unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK); ifd < 0 {
+				noWatch = true
+			}
+		}
 		arm()
 		if err := p.toEOF(); err != nil {
 			return err
@@ -145,12 +156,17 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, backstop ti
 		}
 		fds := []unix.PollFd{{Fd: int32(wake), Events: unix.POLLIN}}
 		timeout := pollBackstop
-		if ifd >= 0 {
+		switch {
+		case ifd >= 0:
 			fds = append(fds, unix.PollFd{Fd: int32(ifd), Events: unix.POLLIN})
 			timeout = backstop
+		case !noWatch:
+			// No watch yet: look again soon, then less often, until
+			// watchAt.
+			timeout, nap = min(nap, time.Until(watchAt)), min(2*nap, pollBackstop)
 		}
-		if n, _ := unix.Poll(fds, int(timeout/time.Millisecond)); n == 0 {
-			continue // a backstop wake: nothing was written, no batch to wait for
+		if n, _ := unix.Poll(fds, max(int(timeout/time.Millisecond), 1)); n == 0 || ifd < 0 {
+			continue // a look on a timer: no batch to wait for
 		}
 		for ifd >= 0 {
 			if _, err := unix.Read(ifd, evbuf); err != nil {

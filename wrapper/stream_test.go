@@ -12,7 +12,15 @@ import (
 // written to the log reaches the stream because inotify woke the follower,
 // also after the follower has gone back to waiting; closing the wake pipe
 // ends the follow at once, with the file copied to its end.
-func TestFollowWakesOnWrite(t *testing.T) {
+func TestFollowWakesOnWrite(t *testing.T) { testFollow(t, 0, time.Hour) }
+
+// TestFollowLooksBeforeItWatches: before its watch is set up (here: never)
+// the follower finds every write by looking at growing intervals, and ends
+// as promptly.
+func TestFollowLooksBeforeItWatches(t *testing.T) { testFollow(t, time.Hour, time.Hour) }
+
+func testFollow(t *testing.T, watchAfter, backstop time.Duration) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "stdout.log")
 	log, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -37,7 +45,7 @@ func TestFollowWakesOnWrite(t *testing.T) {
 	done := make(chan struct{})
 	ended := make(chan error, 1)
 	go func() {
-		ended <- follow(f, outW, done, int(wakeR.Fd()), time.Hour)
+		ended <- follow(f, outW, done, int(wakeR.Fd()), watchAfter, backstop)
 		outW.Close()
 	}()
 
@@ -67,7 +75,7 @@ func TestFollowWakesOnWrite(t *testing.T) {
 				}
 				seen.Write(b)
 			case <-deadline:
-				t.Fatalf("%q not streamed within 30 s (the backstop is an hour: inotify did not wake the follower); got %q", want, seen.String())
+				t.Fatalf("%q not streamed within 30 s (the backstop is an hour: neither inotify nor a look found it); got %q", want, seen.String())
 			}
 		}
 	}
