@@ -55,8 +55,9 @@ func TestAttachNoProcessScan(t *testing.T) {
 }
 
 // TestFollowersSleepOnTheWrapper: wait, logs -f and attach following a
-// quiet live run hold its wrapper by a pidfd and sleep on it and on the run
-// directory, with no timer of their own shorter than 30 s; when the wrapper
+// quiet live run hold its wrapper by a pidfd and sleep on it and (after
+// their first second) on the run directory's inotify watch, with no timer
+// of their own shorter than 30 s; when the wrapper
 // is SIGKILLed (and its job with it, so the outcome is unknown) each wakes
 // from the pidfd and ends with the unknown outcome's code after the 3 s
 // settle, long before that backstop.
@@ -102,4 +103,44 @@ func holdsPidfd(pid int) bool {
 		}
 	}
 	return false
+}
+
+// TestFollowersOfAnEndedRunSetUpNoWatch: wait, attach and logs -f of a run
+// that is over return without creating an inotify instance, whose close at
+// exit would cost them an SRCU grace period (8-12 ms here) for nothing:
+// the watch is set up only after a follower has waited a second.
+func TestFollowersOfAnEndedRunSetUpNoWatch(t *testing.T) {
+	if _, err := exec.LookPath("strace"); err != nil {
+		t.Fatalf("strace is needed (.ci/deps installs it): %v", err)
+	}
+	t.Parallel()
+	root := runtest.NewRoot(t)
+	const id = "ended-follow"
+	if code, _, errOut := runtest.Exec(t, root, "run", "--no-stream", "--lease", "0", id, "--", "sh", "-c", "echo hi; exit 3"); code != 3 {
+		t.Fatalf("run: exit %d: %s", code, errOut)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"wait", id}, 3, ""},
+		{[]string{"attach", "--from", "0,0", id}, 3, "hi\n"},
+		{[]string{"logs", "-f", id}, 0, "hi\n"},
+	} {
+		trace := filepath.Join(t.TempDir(), "strace.out")
+		cmd := exec.Command("strace", append([]string{"-f", "-qq", "-o", trace, "-e", "trace=inotify_init,inotify_init1",
+			runtest.Binary(t), "--root", root}, c.args...)...)
+		out, err := cmd.Output()
+		if code := cmd.ProcessState.ExitCode(); code != c.code || string(out) != c.out {
+			t.Fatalf("%v: exit %d (%v), output %q; want %d, %q", c.args, code, err, out, c.code, c.out)
+		}
+		b, err := os.ReadFile(trace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if regexp.MustCompile(`inotify_init`).Match(b) {
+			t.Errorf("%v created an inotify instance for a run that was over:\n%s", c.args, b)
+		}
+	}
 }
