@@ -613,13 +613,7 @@ func (m *mux) stopAll() {
 			_ = exec.Command(m.ssh, "-F", "/dev/null", "-o", "ControlPath="+p, "-O", "exit", "agent-wrap-mux").Run()
 		}
 		if pid, start, ok := readPIDFile(p + ".pid"); ok {
-			deadline := time.Now().Add(2 * time.Second)
-			for sameProcess(pid, start) && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if sameProcess(pid, start) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
+			killLingering(pid, start, 2*time.Second)
 		}
 		os.Remove(p)
 		os.Remove(p + ".pid")
@@ -647,6 +641,19 @@ func readPIDFile(path string) (pid int, start uint64, ok bool) {
 
 // sameProcess reports whether pid is alive and still the process that
 // started at start.
+// killLingeringByLooking is killLingering where no pidfd can hold the
+// process: it looks every 10 ms, and checks its start time again just
+// before the signal (the window between the two is left).
+func killLingeringByLooking(pid int, start uint64, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for sameProcess(pid, start) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if sameProcess(pid, start) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
 func sameProcess(pid int, start uint64) bool {
 	st, err := proc.ReadStat(pid)
 	return err == nil && !st.Dead() && st.Start == start
