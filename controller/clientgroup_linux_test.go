@@ -28,8 +28,55 @@ func startClient(t *testing.T, waitDelay time.Duration, script string, args ...s
 	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
 	var out runtest.Buffer
 	cmd.Stdout = &out // not an *os.File: exec copies from a pipe, as for ssh
-	cmd.SysProcAttr = clientAttr()
 	cmd.WaitDelay = waitDelay
+	return cmd, startLeader(t, cmd), &out
+}
+
+// memberFrom waits for a group member to write its PID to file and
+// returns its stat.
+func memberFrom(t *testing.T, file string) proc.Stat {
+	t.Helper()
+	var member proc.Stat
+	runtest.Eventually(t, "the member to say its PID", func() bool {
+		b, _ := os.ReadFile(file)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return false
+		}
+		member, err = proc.ReadStat(pid)
+		return err == nil
+	})
+	return member
+}
+
+// killedAtCancel waits on g with a context cancelled at once, checks that
+// the client died of SIGKILL, and returns whether the kill signalled its
+// group (not the client alone).
+func killedAtCancel(t *testing.T, g *clientGroup) (sentToGroup bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sent := make(chan bool, 1)
+	g.onKill = func(s bool) { sent <- s }
+	done := make(chan error, 1)
+	go func() { done <- g.wait(ctx) }()
+	cancel()
+	err := waitErr(t, done)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != -1 {
+		t.Fatalf("wait = %v, want the client killed (exit code -1)", err)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the client ended with %v, want SIGKILL", ee.Sys())
+	}
+	return <-sent
+}
+
+// startLeader starts cmd as a client is started (clientAttr: the leader of
+// a process group of its own) and returns its stat; cleanup kills what is
+// left of its group, by the leader's identity.
+func startLeader(t *testing.T, cmd *exec.Cmd) proc.Stat {
+	t.Helper()
+	cmd.SysProcAttr = clientAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +87,7 @@ func startClient(t *testing.T, waitDelay time.Duration, script string, args ...s
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { runtest.KillGroup(st.PID, st.Start) })
-	return cmd, st, &out
+	return st
 }
 
 // reaped reports whether pid is gone from /proc: no longer even a zombie.
@@ -68,37 +115,12 @@ func TestClientGroupKilledWhileClientRuns(t *testing.T) {
 	t.Parallel()
 	memberF := filepath.Join(t.TempDir(), "member")
 	cmd, leader, _ := startClient(t, runtest.Patience, `sleep 600 & echo $! > "$1"; wait`, memberF)
-	var member proc.Stat
-	runtest.Eventually(t, "the member to say its PID", func() bool {
-		b, _ := os.ReadFile(memberF)
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil {
-			return false
-		}
-		member, err = proc.ReadStat(pid)
-		return err == nil
-	})
+	member := memberFrom(t, memberF)
 	if member.PGID != leader.PID {
 		t.Fatalf("member %d is in group %d, not the client's %d", member.PID, member.PGID, leader.PID)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	g := newClientGroup(cmd)
-	sent := make(chan bool, 1)
-	g.onKill = func(s bool) { sent <- s }
-	done := make(chan error, 1)
-	go func() { done <- g.wait(ctx) }()
-	cancel()
-
-	err := waitErr(t, done)
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != -1 {
-		t.Fatalf("wait = %v, want the client killed (exit code -1)", err)
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("the client ended with %v, want SIGKILL", ee.Sys())
-	}
-	if s := <-sent; !s {
+	if s := killedAtCancel(t, newClientGroup(cmd)); !s {
 		t.Fatal("the kill did not signal the group of a client that was running")
 	}
 	runtest.Eventually(t, "the client's group to be empty", func() bool {
@@ -128,17 +150,7 @@ func TestClientGroupKillsSSHAndProxyCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stdin.Close()
-	cmd.SysProcAttr = clientAttr()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	leader, err := proc.ReadStat(cmd.Process.Pid)
-	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { runtest.KillGroup(leader.PID, leader.Start) })
+	leader := startLeader(t, cmd)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- waitClient(ctx, cmd) }()
@@ -239,34 +251,11 @@ func TestClientGroupBlindKillsClientOnly(t *testing.T) {
 	t.Parallel()
 	memberF := filepath.Join(t.TempDir(), "member")
 	cmd, leader, _ := startClient(t, 100*time.Millisecond, `sleep 600 & echo $! > "$1"; wait`, memberF)
-	var member proc.Stat
-	runtest.Eventually(t, "the member to say its PID", func() bool {
-		b, _ := os.ReadFile(memberF)
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil {
-			return false
-		}
-		member, err = proc.ReadStat(pid)
-		return err == nil
-	})
-	ctx, cancel := context.WithCancel(context.Background())
+	member := memberFrom(t, memberF)
 	g := newClientGroup(cmd)
 	g.awaitExit = func(int) error { return unix.EMFILE }
-	sent := make(chan bool, 1)
-	g.onKill = func(s bool) { sent <- s }
-	done := make(chan error, 1)
-	go func() { done <- g.wait(ctx) }()
-	cancel()
-	err := waitErr(t, done)
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != -1 {
-		t.Fatalf("wait = %v, want the client killed (exit code -1)", err)
-	}
-	if s := <-sent; s {
+	if s := killedAtCancel(t, g); s {
 		t.Fatal("a client whose exit could not be watched had its group signalled by number")
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("the client ended with %v, want SIGKILL", ee.Sys())
 	}
 	if !runtest.AliveAs(member.PID, member.Start) || member.PGID != leader.PID {
 		t.Fatalf("member %d (group %d) was killed: only the client was to be", member.PID, member.PGID)
