@@ -2,14 +2,16 @@ package rundir
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // Watcher wakes a waiter when status.json is replaced, or (WatchLogs) when
-// files in the run directory are written (inotify), so commands that wait
-// for a record (cancel, wait, logs -f, attach) react at once instead of
+// files in the run directory are written, or (WatchWrites) when one open
+// file is (inotify), so commands that wait for a record (cancel, wait,
+// logs -f, attach) and the wrapper's log followers react at once instead of
 // sleeping between polls. Callers always re-check the files after Wait, so
 // a missed event only costs latency; where inotify is unavailable, Wait
 // sleeps for its timeout.
@@ -59,8 +61,18 @@ func (d *Dir) WatchLogs() *Watcher { return d.watch(logsMask, WatchAfter) }
 func (d *Dir) watch(mask uint32, after time.Duration) *Watcher {
 	// The descriptor's /proc link names the directory we opened, whatever
 	// happens to its path.
-	return &Watcher{fd: -1, path: fmt.Sprintf("/proc/self/fd/%d", d.fd), mask: mask,
-		after: time.Now().Add(after), nap: time.Millisecond}
+	return newWatcher(fmt.Sprintf("/proc/self/fd/%d", d.fd), mask, after)
+}
+
+// WatchWrites watches the open file f for writes (a log's follower), its
+// watch set up after after (WatchAfter outside tests). The descriptor's
+// /proc link names the inode read, whatever happens to its path.
+func WatchWrites(f *os.File, after time.Duration) *Watcher {
+	return newWatcher(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), unix.IN_MODIFY|unix.IN_CLOSE_WRITE|unix.IN_ONESHOT, after)
+}
+
+func newWatcher(path string, mask uint32, after time.Duration) *Watcher {
+	return &Watcher{fd: -1, path: path, mask: mask, after: time.Now().Add(after), nap: time.Millisecond}
 }
 
 // Armed reports whether the inotify watch is in place (so every change

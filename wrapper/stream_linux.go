@@ -2,7 +2,6 @@ package wrapper
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -78,29 +77,24 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// How a follower learns that its file grew. With an inotify watch, every
-// write(2), splice, sendfile or copy_file_range to the file, and a
-// truncation, raises IN_MODIFY (and an overflowed queue makes the
-// descriptor readable too), so the timeout is only a backstop for what
-// inotify cannot see (a write through a shared mapping of the file): long,
-// so an idle run's follower does not wake several times a second. The watch
-// is set up only after watchAfter: closing an inotify descriptor that has
-// held a mark, or exiting with one, waits for an SRCU grace period (12 ms
-// measured here, at the end of every streamed run before this), so a run
-// that ends within a second is followed by looking at the file after 1 ms,
-// doubling to pollBackstop. Without inotify the follower looks every
-// pollBackstop.
+// How a follower learns that its file grew: a rundir.Watcher on it. Once
+// its inotify watch is set up (after watchAfter: see rundir.Watcher for why
+// not at once), every write(2), splice, sendfile or copy_file_range to the
+// file, and a truncation, wakes it, so the timeout is only a backstop for
+// what inotify cannot see (a write through a shared mapping of the file):
+// long, so an idle run's follower does not wake several times a second.
+// Before the watch, and where inotify cannot be had, it looks at the file
+// at most every pollBackstop.
 const (
-	watchAfter    = time.Second
+	watchAfter    = rundir.WatchAfter
 	watchBackstop = 10 * time.Second
 	pollBackstop  = 50 * time.Millisecond
 )
 
 // follow copies f to w as it grows, until done is closed and f is read to
-// its end. After watchAfter it wakes on inotify IN_MODIFY, with a long
-// timeout as a backstop (watchBackstop in a run); before that it looks at
-// growing intervals; and at once when the wake descriptor becomes
-// readable.
+// its end, waking on its watcher, with a long timeout as a backstop
+// (watchBackstop in a run) once the watch is set up, and at once when the
+// wake descriptor becomes readable.
 //
 // The watch is one-shot (IN_ONESHOT) and re-armed before each copy to the
 // end of the file: a write after the arm raises an event, a write before it
@@ -109,38 +103,13 @@ const (
 // the kernel allocate and merge an event, about 3% of a job that writes
 // 1 GiB in 8 KiB writes (perf, see bench/cmd/awbench/findings.md).
 func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, watchAfter, backstop time.Duration) error {
-	ifd, noWatch := -1, false
-	defer func() {
-		if ifd >= 0 {
-			unix.Close(ifd)
-		}
-	}()
-	// The descriptor's own /proc link names the inode we read, whatever
-	// happens to the path in the run directory.
-	watched := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
-	arm := func() {
-		if ifd < 0 {
-			return
-		}
-		if _, err := unix.InotifyAddWatch(ifd, watched, unix.IN_MODIFY|unix.IN_CLOSE_WRITE|unix.IN_ONESHOT); err != nil {
-			unix.Close(ifd)
-			ifd, noWatch = -1, true // fall back to the timeout alone
-		}
-	}
+	watch := rundir.WatchWrites(f, watchAfter)
+	defer watch.Close()
 	p := newPump(f, w)
-	evbuf := make([]byte, 4096)
 	batch := time.NewTimer(10 * time.Millisecond)
 	defer batch.Stop()
-	watchAt, nap := time.Now().Add(watchAfter), time.Millisecond
 	final := false
 	for {
-		if ifd < 0 && !noWatch && !time.Now().Before(watchAt) {
-			// Set up before the copy below, so a write after it wakes us.
-			if ifd, _ = unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK); ifd < 0 {
-				noWatch = true
-			}
-		}
-		arm()
 		if err := p.toEOF(); err != nil {
 			return err
 		}
@@ -154,24 +123,12 @@ func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, watchAfter,
 			continue
 		default:
 		}
-		fds := []unix.PollFd{{Fd: int32(wake), Events: unix.POLLIN}}
 		timeout := pollBackstop
-		switch {
-		case ifd >= 0:
-			fds = append(fds, unix.PollFd{Fd: int32(ifd), Events: unix.POLLIN})
+		if watch.Armed() {
 			timeout = backstop
-		case !noWatch:
-			// No watch yet: look again soon, then less often, until
-			// watchAt.
-			timeout, nap = min(nap, time.Until(watchAt)), min(2*nap, pollBackstop)
 		}
-		if n, _ := unix.Poll(fds, max(int(timeout/time.Millisecond), 1)); n == 0 || ifd < 0 {
-			continue // a look on a timer: no batch to wait for
-		}
-		for ifd >= 0 {
-			if _, err := unix.Read(ifd, evbuf); err != nil {
-				break
-			}
+		if watch.WaitAlso(timeout, wake) || !watch.Armed() {
+			continue // the writers are gone, or a look on a timer: no batch
 		}
 		// Let the writer get ahead: one wake per 10 ms copies what it
 		// wrote meanwhile in large batches, instead of one read per write.
