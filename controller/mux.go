@@ -259,7 +259,7 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdin *os.File, st
 		slot := t.slot
 		r := h.exec(ctx, m.clientOpts(slot), line, stdin, stdout, stderr)
 		if r.code == 255 && strings.Contains(r.fullLog, markFull) {
-			m.learnCap(t) // before the ticket goes: it counts the others
+			m.learnCap(t) // it counts the others, then lets t go
 		}
 		t.release()
 		if r.lost() && !strings.Contains(r.fullLog, markFallback) {

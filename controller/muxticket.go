@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -135,16 +136,34 @@ func (m *mux) heldTickets(slot int, mine *ticket) int {
 }
 
 // learnCap answers a session that slot's master refused (the host's
-// MaxSessions reached) while the caller held t: with n sessions open
-// beside it, the host allows at most n, and the master's cap comes down to
-// n. The count may be high (others' requests on their way to the same
-// refusal hold tickets too): the next refusal lowers it again, so the cap
-// comes to the host's limit from above, a refusal at a time. It may be low
-// (a session whose client was killed lives on in the host until its
-// command ends, without a ticket; a session that ended since the refusal):
-// that master then carries fewer sessions than it could, until it is
-// replaced. Never below 1; forgotten with the master.
+// MaxSessions reached) while the caller held t, and lets t go (its client
+// has exited): with n sessions open beside it, the host allows at most n,
+// and the master's cap comes down to n.
+//   - The count and the letting go are done under a lock of the socket
+//     directory. So of the calls refused by one master at one moment, the
+//     last to count no longer sees the others' tickets: without the lock,
+//     two calls refused together each counted the other, and the cap they
+//     learned was one above the host's limit, for the master's life.
+//   - The count may still be high: a request on its way to the same
+//     refusal holds a ticket too. Its own refusal lowers the cap again, so
+//     the cap comes to the host's limit from above, and only comes down.
+//   - It may be low: a session whose client was killed lives on in the
+//     host until its command ends, without a ticket; a session may have
+//     ended since the refusal. That master then carries fewer sessions
+//     than it could, until it is replaced.
+//
+// Never below 1; forgotten with the master.
 func (m *mux) learnCap(t *ticket) {
+	d, err := os.Open(filepath.Dir(m.base))
+	if err != nil {
+		t.release()
+		return
+	}
+	defer d.Close() // the lock goes with it, after t
+	defer t.release()
+	if flockRetry(d, syscall.LOCK_EX) != nil {
+		return
+	}
 	n := m.heldTickets(t.slot, t)
 	if n < 1 || n >= m.sessionCap(t.slot) {
 		return
