@@ -459,13 +459,17 @@ func seconds(s float64) string {
 	if s == 0 {
 		return "none"
 	}
+	// Duration.String spells 5m as "5m0s" and 1h as "1h0m0s": drop only a
+	// zero unit that follows a larger one, never a zero digit of a number
+	// (30s stays "30s", 90s "1m30s").
 	d := time.Duration(s * float64(time.Second)).String()
-	d = strings.TrimSuffix(d, "0s")
-	d = strings.TrimSuffix(d, "0m")
-	if strings.HasSuffix(d, "h") || strings.HasSuffix(d, "m") || strings.HasSuffix(d, "s") {
-		return d
+	if strings.HasSuffix(d, "m0s") {
+		d = strings.TrimSuffix(d, "0s")
 	}
-	return d + "s"
+	if strings.HasSuffix(d, "h0m") {
+		d = strings.TrimSuffix(d, "0m")
+	}
+	return d
 }
 
 // clock draws Unix seconds as a UTC time of day with its date.

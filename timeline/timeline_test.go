@@ -125,3 +125,30 @@ func TestRenderColour(t *testing.T) {
 		t.Errorf("coloured output is not the plain one plus colours:\n%s\n%s", stripped, plain.String())
 	}
 }
+
+// Durations are drawn as written: a zero digit of a number is kept (30s is
+// "30s", not "3s"; 90s is "1m30s"), only a zero unit after a larger one is
+// dropped (300s is "5m", 3600s "1h").
+func TestDurationsWithZeroDigits(t *testing.T) {
+	for _, c := range []struct {
+		lease, grace float64
+		want         string
+	}{
+		{30, 10, "created: lease 30s, grace 10s"},
+		{90, 0.5, "created: lease 1m30s, grace 500ms"},
+		{300, 20, "created: lease 5m, grace 20s"},
+		{600, 60, "created: lease 10m, grace 1m"},
+		{3600, 100, "created: lease 1h, grace 1m40s"},
+		{3630, 1.5, "created: lease 1h0m30s, grace 1.5s"},
+		{4200, 3, "created: lease 1h10m, grace 3s"},
+		{0, 5, "created: lease none, grace 5s"},
+	} {
+		items, v := Build(chain(t, "created", F{"lease_seconds": c.lease, "grace_seconds": c.grace}))
+		if !v.Intact || len(items) != 1 {
+			t.Fatalf("lease %v: verify %+v, %d items", c.lease, v, len(items))
+		}
+		if items[0].Text != c.want {
+			t.Errorf("lease %vs, grace %vs: %q, want %q", c.lease, c.grace, items[0].Text, c.want)
+		}
+	}
+}
