@@ -22,9 +22,9 @@ build:
 # controller (ssh, ledger, settle) runs on all five (docs/controller.md).
 PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 freebsd/amd64
 
-# Static release builds: dist/agent-wrap-OS-ARCH for each platform and
-# dist/SHA256SUMS (`agent-wrap deploy` sends the linux ones). DISTDIR=DIR
-# builds elsewhere (the deploy tests do).
+# Static release builds: dist/agent-wrap-OS-ARCH for each platform,
+# dist/SHA256SUMS (`agent-wrap deploy` sends the linux ones) and the
+# licence, dist/LICENSE. DISTDIR=DIR builds elsewhere (the deploy tests do).
 dist:
 	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; names=; \
 	for p in $(PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; names="$$names agent-wrap-$$os-$$arch"; \
@@ -32,6 +32,7 @@ dist:
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
 			-o "$$d/agent-wrap-$$os-$$arch" ./cmd/agent-wrap; \
 	done; \
+	cp LICENSE "$$d/LICENSE"; \
 	cd "$$d" && sha256sum $$names >SHA256SUMS && cat SHA256SUMS
 
 # The host side as packages: DISTDIR (dist/) gets agent-wrap_V_ARCH.deb and
@@ -39,10 +40,10 @@ dist:
 # the files (the binary, the man page and completions from the command
 # table, the watchdog's units from deploy/units, the copyright file) and
 # writes nfpm's configuration; nfpm, pinned in go.mod as a tool, packs them.
-# MAINTAINER defaults to the last commit's author. A LICENSE file at the top
-# of the tree is shipped as the licence (LICENSE_ID=SPDX names it).
+# MAINTAINER defaults to the last commit's author. The LICENSE file at the
+# top of the tree is shipped as the licence, LICENSE_ID its SPDX name.
 MAINTAINER ?= $(shell git log -1 --format='%an <%ae>' 2>/dev/null)
-LICENSE_ID ?=
+LICENSE_ID ?= Apache-2.0
 package:
 	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; \
 	lic=; [ -f LICENSE ] && lic="-license-file $$PWD/LICENSE -license $(LICENSE_ID)"; \

@@ -134,6 +134,13 @@ func TestDistStatic(t *testing.T) {
 			t.Errorf("sha256sum -c: %v\n%s\nwant\n%s", err, out, want)
 		}
 	})
+	t.Run("licence", func(t *testing.T) {
+		got, err := os.ReadFile(filepath.Join(d, "LICENSE"))
+		want, werr := os.ReadFile(filepath.Join("..", "LICENSE"))
+		if err != nil || werr != nil || !bytes.Equal(got, want) || !bytes.Contains(got, []byte("Apache License")) {
+			t.Errorf("make dist ships no copy of the tree's LICENSE (the Apache License 2.0): %v, %v", err, werr)
+		}
+	})
 	t.Run("version", func(t *testing.T) {
 		out, err := exec.Command(filepath.Join(d, "agent-wrap-linux-amd64"), "version").Output()
 		re := regexp.MustCompile(`^agent-wrap (\S+) commit ([0-9a-f]{40}) go1\.\S+ linux/amd64\n$`)

@@ -64,9 +64,14 @@ func buildPackages(t *testing.T) (es []Entry, deb, rpm string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The licence as make package passes it: the tree's LICENSE under the
+	// Makefile's LICENSE_ID.
+	licID := strings.TrimSpace(run(t, false, "make", "-s", "--no-print-directory", "-C", "..",
+		"--eval", "print-license-id: ; @echo $(LICENSE_ID)", "print-license-id"))
 	stage := filepath.Join(dir, "stage")
 	es, err = Stage(stage, Options{Bin: bin, Arch: "amd64", Version: testVersion,
-		Maintainer: "Test Maintainer <test@example.invalid>", Modules: mods, GoRoot: goroot})
+		Maintainer: "Test Maintainer <test@example.invalid>", Modules: mods, GoRoot: goroot,
+		LicenseFile: filepath.Join("..", "LICENSE"), LicenseID: licID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +201,9 @@ func TestPackage(t *testing.T) {
 		if strings.TrimSpace(lic) != "/usr/share/licenses/agent-wrap/copyright" {
 			t.Errorf("rpm -qLp (licence files): %q", lic)
 		}
+		if l := run(t, true, "rpm", "-qp", "--queryformat", "%{LICENSE}", rpm); l != "Apache-2.0" {
+			t.Errorf("rpm -qp %%{LICENSE}: %q, want Apache-2.0", l)
+		}
 		scripts := run(t, true, "rpm", "-qp", "--scripts", rpm)
 		for _, want := range []string{"postinstall scriptlet", "preuninstall scriptlet", "postuninstall scriptlet", "installed, not enabled"} {
 			if !strings.Contains(scripts, want) {
@@ -269,6 +277,12 @@ func TestPackage(t *testing.T) {
 		if !strings.HasPrefix(cr, "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n") ||
 			!strings.Contains(cr, "\nFiles: *\n") || !strings.Contains(cr, "\nFiles: go/*\n") || len(mods) < 3 {
 			t.Errorf("copyright (modules %v):\n%s", mods, cr)
+		}
+		// agent-wrap's own stanza: the Apache License 2.0, its text whole.
+		own, _, _ := strings.Cut(cr[strings.Index(cr, "\nFiles: *\n")+1:], "\n\n")
+		if !regexp.MustCompile(`^Files: \*\nCopyright: .+\nLicense: Apache-2.0\n +Apache License\n +Version 2\.0, January 2004\n`).MatchString(own) ||
+			!regexp.MustCompile(`\n +END OF TERMS AND CONDITIONS\n`).MatchString(own) {
+			t.Errorf("copyright: agent-wrap's own stanza is not the Apache License 2.0 with its text:\n%.600s", own)
 		}
 		for _, m := range mods {
 			path := strings.Fields(m)[0]
@@ -498,5 +512,21 @@ func TestPackageVersion(t *testing.T) {
 		if got := PackageVersion(in); got != want {
 			t.Errorf("PackageVersion(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestLicenseIsApache: the tree's LICENSE is the Apache License 2.0 as
+// Debian ships it in common-licenses, and the packager names it so even
+// when no SPDX name is given.
+func TestLicenseIsApache(t *testing.T) {
+	got := mustRead(t, filepath.Join("..", "LICENSE"))
+	if want, err := os.ReadFile("/usr/share/common-licenses/Apache-2.0"); err == nil && !bytes.Equal(got, want) {
+		t.Errorf("LICENSE differs from /usr/share/common-licenses/Apache-2.0")
+	}
+	if !bytes.Contains(got, []byte("Apache License\n")) || !bytes.Contains(got, []byte("Version 2.0, January 2004")) {
+		t.Errorf("LICENSE is not the Apache License 2.0:\n%.300s", got)
+	}
+	if id := licenseID(Options{LicenseFile: filepath.Join("..", "LICENSE")}); id != "Apache-2.0" {
+		t.Errorf("licenseID of LICENSE with no SPDX name given: %q, want Apache-2.0", id)
 	}
 }

@@ -275,12 +275,19 @@ exit 0
 // no LICENSE file.
 const notLicensed = "LicenseRef-agent-wrap-no-licence-file"
 
+// licenseID is agent-wrap's own licence name: LicenseID, else the SPDX
+// name of the text in LicenseFile where it is one the packager knows.
 func licenseID(o Options) string {
 	if o.LicenseFile == "" {
 		return notLicensed
 	}
 	if o.LicenseID != "" {
 		return o.LicenseID
+	}
+	if t, err := os.ReadFile(o.LicenseFile); err == nil {
+		if id := spdx(string(t)); id != "" {
+			return id
+		}
 	}
 	return "LicenseRef-agent-wrap"
 }
@@ -303,7 +310,7 @@ func copyright(o Options) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		own = string(t)
+		own = strings.TrimLeft(string(t), "\n")
 	}
 	fmt.Fprintf(&b, "\nFiles: *\nCopyright: the agent-wrap authors\nLicense: %s\n%s", licenseID(o), indent(own))
 
@@ -420,7 +427,7 @@ func main() {
 	flag.StringVar(&o.Version, "version", "", "the version, as git describe prints it")
 	flag.StringVar(&o.Maintainer, "maintainer", "", "the package's Maintainer: field")
 	flag.StringVar(&o.LicenseFile, "license-file", "", "agent-wrap's licence `FILE` (none: the package says there is none)")
-	flag.StringVar(&o.LicenseID, "license", "", "the SPDX name of -license-file")
+	flag.StringVar(&o.LicenseID, "license", "", "the SPDX name of -license-file (default: read from its text)")
 	flag.Parse()
 	if *out == "" || o.Bin == "" || o.Arch == "" || o.Version == "" {
 		fmt.Fprintln(os.Stderr, "packaging: -out, -bin, -arch and -version are required")
