@@ -9,7 +9,7 @@ BIN := bin/agent-wrap
 
 export CGO_ENABLED := 0
 
-.PHONY: build test deps lint demo bench dist cross crossvet package clean
+.PHONY: build test race deps lint demo bench dist cross crossvet package clean
 
 # What the tests need besides Go: installed as root with apt-get, else named.
 deps:
@@ -80,13 +80,26 @@ crossvet:
 		GOOS=$$os GOARCH=$$arch $(GO) vet $$pkgs; \
 	done
 
-# Every test: unit, process-tree, CLI scripts and the end-to-end SSH tests.
-# .ci/deps installs what they need (as root, with apt-get) or stops, naming
-# it; under CI=true a skipped test fails the run.
+# Every test: unit, process-tree, CLI scripts and the end-to-end SSH tests,
+# then make race (about half a minute more). .ci/deps installs what they
+# need (as root, with apt-get) or stops, naming it; under CI=true a skipped
+# test fails the run.
 test: deps build crossvet
 	$(GO) vet ./...
 	@if [ "$$CI" = true ]; then set -x; .ci/noskip $(GO) test -count=1 -timeout 15m ./...; \
 	else set -x; $(GO) test -count=1 -timeout 15m ./...; fi
+	@$(MAKE) --no-print-directory race
+
+# The race detector over the packages that run goroutines of their own or
+# share state between them (the controller's streams, renewals and mux, the
+# wrapper's followers and gateways, the ledgers, the run directory's locks
+# and watcher, the watchdog's side-by-side stops). It needs cgo (a C
+# compiler: .ci/deps installs gcc). Tests that count allocations are built
+# only without it (//go:build !race): the detector allocates on its own.
+RACE_PKGS := ./agentrelay ./controller ./handoff ./httpgw ./internal/relay ./ledger ./proc ./rundir ./watchdog ./wrapper
+race: deps
+	@if [ "$$CI" = true ]; then set -x; CGO_ENABLED=1 .ci/noskip $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS); \
+	else set -x; CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS); fi
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi

@@ -79,4 +79,13 @@ func TestNoSkipUnderCI(t *testing.T) {
 			t.Errorf(".ci/noskip sh -c %q: exit %d, want %d\n%s", tc.script, code, tc.code, out)
 		}
 	}
+	// A test that prints a binary byte: the lines after it are still shown
+	// and still judged (grep -a), not summed up as "binary file matches".
+	out, _ := exec.Command("../.ci/noskip", "sh", "-c",
+		`printf 'noise \000\377\n--- FAIL: TestA (0.00s)\n    --- SKIP: TestB/c (0.00s)\n'`).CombinedOutput()
+	for _, want := range []string{"\n--- FAIL: TestA (0.00s)\n", "\n    --- SKIP: TestB/c (0.00s)\n    --- SKIP: TestB/c (0.00s)\nFAIL: the tests above were skipped"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf(".ci/noskip on output with binary bytes lacks %q:\n%q", want, out)
+		}
+	}
 }
