@@ -23,6 +23,9 @@ const ledgerFlagUsage = "the ledger: a `DIR`, or a postgres:// URL (default $AGE
 // default names, or prints why not and returns the exit code.
 func (e *Env) resolveLedger(flag string) (string, int) {
 	where, err := ledger.Resolve(flag, e.Getenv)
+	if errors.Is(err, ledger.ErrBadURL) {
+		return "", e.ledgerError(err)
+	}
 	if err != nil {
 		e.errorf("%v", err)
 		e.hint("pass --ledger DIR or set AGENT_WRAP_LEDGER")

@@ -40,9 +40,9 @@ type Ledger struct {
 // ledger without create is an error wrapping os.ErrNotExist; an unsafe one
 // wraps rundir.ErrUnsafe.
 func OpenFiles(path string, create bool) (*Ledger, error) {
-	r, err := rundir.OpenRoot(path, create)
+	r, err := rundir.OpenDir("ledger", path, create)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
+		return nil, err
 	}
 	r.Close()
 	return &Ledger{Path: path}, nil

@@ -314,7 +314,8 @@ func OpenForController(ctx context.Context, s string) (Store, error) {
 
 // Resolve returns the ledger: flag, else $AGENT_WRAP_LEDGER, else
 // $XDG_STATE_HOME/agent-wrap/ledger, else ~/.local/state/agent-wrap/ledger.
-// A directory comes back absolute, a URL as it is.
+// A directory comes back absolute, a URL as it is. A value with "://" whose
+// scheme is not postgres or postgresql is refused with ErrBadURL.
 func Resolve(flag string, getenv func(string) string) (string, error) {
 	p := flag
 	if p == "" {
@@ -334,6 +335,11 @@ func Resolve(flag string, getenv func(string) string) (string, error) {
 	}
 	if IsURL(p) {
 		return p, nil
+	}
+	if scheme, _, ok := strings.Cut(p, "://"); ok {
+		// A URL of another database, or a misspelt postgres://: never a
+		// directory named after it.
+		return "", fmt.Errorf("%w %s: the scheme %q is not understood; agent-wrap knows postgres:// and postgresql:// (a directory ledger is a path, with no scheme)", ErrBadURL, Redact(p), scheme)
 	}
 	return filepath.Abs(p)
 }

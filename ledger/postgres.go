@@ -448,7 +448,7 @@ var (
 // Redact returns the ledger URL s with any password replaced by xxxxx
 // (user:PASSWORD@ and password=PASSWORD); a directory comes back as it is.
 func Redact(s string) string {
-	if !IsURL(s) {
+	if !strings.Contains(s, "://") {
 		return s
 	}
 	if u, err := url.Parse(s); err == nil {

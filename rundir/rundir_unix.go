@@ -29,34 +29,40 @@ type Root struct {
 // or is writable by group or others. A missing root without create is
 // reported as an error wrapping os.ErrNotExist.
 func OpenRoot(path string, create bool) (*Root, error) {
+	return OpenDir("run root", path, create)
+}
+
+// OpenDir is OpenRoot for another directory kept under the same rules (a
+// controller's ledger): what names it in the errors.
+func OpenDir(what, path string, create bool) (*Root, error) {
 	if create {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return nil, fmt.Errorf("run root %s: %w", path, err)
+			return nil, fmt.Errorf("%s %s: %w", what, path, err)
 		}
 		if err := unix.Mkdir(path, 0o700); err != nil && err != unix.EEXIST {
-			return nil, fmt.Errorf("run root %s: create: %w", path, os.NewSyscallError("mkdir", err))
+			return nil, fmt.Errorf("%s %s: create: %w", what, path, os.NewSyscallError("mkdir", err))
 		}
 	}
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {
 		if err == unix.ENOENT {
-			return nil, fmt.Errorf("run root %s does not exist: %w", path, os.ErrNotExist)
+			return nil, fmt.Errorf("%s %s does not exist: %w", what, path, os.ErrNotExist)
 		}
-		return nil, fmt.Errorf("run root %s: %w", path, os.NewSyscallError("lstat", err))
+		return nil, fmt.Errorf("%s %s: %w", what, path, os.NewSyscallError("lstat", err))
 	}
-	if err := checkDir("run root", path, &st); err != nil {
+	if err := checkDir(what, path, &st); err != nil {
 		return nil, err
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("run root %s: %w", path, os.NewSyscallError("open", err))
+		return nil, fmt.Errorf("%s %s: %w", what, path, os.NewSyscallError("open", err))
 	}
 	// Check again through the descriptor: the path may have been swapped.
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("run root %s: %w", path, os.NewSyscallError("fstat", err))
+		return nil, fmt.Errorf("%s %s: %w", what, path, os.NewSyscallError("fstat", err))
 	}
-	if err := checkDir("run root", path, &st); err != nil {
+	if err := checkDir(what, path, &st); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
