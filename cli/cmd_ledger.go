@@ -3,7 +3,9 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -53,7 +55,7 @@ func runLedger(e *Env, args []string) int {
 		return e.ledgerInit(*ledgerDir)
 	}
 	if fs.NArg() != 0 {
-		return e.usageError("ledger takes no arguments but init")
+		return e.ledgerSubcommandError(args, fs.Args())
 	}
 	l, code := e.openLedger(*ledgerDir, false)
 	if l == nil {
@@ -102,6 +104,40 @@ func runLedger(e *Env, args []string) int {
 	}
 	tw.Flush()
 	return ExitOK
+}
+
+// ledgerSubcommands are the words that may follow 'ledger'.
+var ledgerSubcommands = []string{"init", "show"}
+
+// ledgerSubcommandError refuses the words left after ledger's flags (rest,
+// of the whole line args): a slip of a subcommand gets a did-you-mean and
+// the line corrected; 'init' with more words says what init takes.
+func (e *Env) ledgerSubcommandError(args, rest []string) int {
+	word := rest[0]
+	if word == "init" {
+		e.errorf("ledger init takes no arguments, only --ledger DIR|URL (got %s)", shellLine(rest[1:]))
+		e.hint("agent-wrap ledger init --ledger DIR|URL")
+		return ExitUsage
+	}
+	near := nearWords(word, ledgerSubcommands)
+	if len(near) == 0 {
+		e.errorf("%q is not a subcommand of ledger, which lists runs with no argument; its subcommands are %s", word, strings.Join(ledgerSubcommands, " and "))
+		e.hint("see 'agent-wrap ledger --help'")
+		return ExitUsage
+	}
+	e.errorf("%q is not a subcommand of ledger; did you mean %s?", word, orList(near))
+	var lines []string
+	for _, n := range near {
+		fixed := slices.Clone(args)
+		fixed[slices.Index(fixed, word)] = n
+		if n == "show" {
+			// show is recognised only first: move it there.
+			fixed = slices.Concat([]string{"show"}, slices.Delete(fixed, slices.Index(fixed, "show"), slices.Index(fixed, "show")+1))
+		}
+		lines = append(lines, shellLine(slices.Concat([]string{"agent-wrap", "ledger"}, fixed)))
+	}
+	e.hint("did you mean: %s", strings.Join(lines, " or "))
+	return ExitUsage
 }
 
 // ledgerInit is 'ledger init': the schema of a database ledger, created

@@ -229,11 +229,20 @@ func (e *Env) refuseNearCommand(id string, near []string, rest []string) int {
 	if len(job) > 0 && job[0] == "--" {
 		job = job[1:]
 	}
-	explicit := "CMD [ARG...]"
-	if len(job) > 0 {
-		explicit = shellLine(job)
+	switch {
+	case len(job) > 0 && strings.HasPrefix(job[0], "-"):
+		// `stauts --help`: a flag is no job, so the run form would be
+		// refused too; offer the command meant, with the same words.
+		var lines []string
+		for _, n := range near {
+			lines = append(lines, shellLine(slices.Concat([]string{"agent-wrap", n}, rest)))
+		}
+		e.hint("did you mean: %s", strings.Join(lines, " or "))
+	case len(job) > 0:
+		e.hint("to run a job under the run ID %s, name the run command: agent-wrap run %s -- %s", id, id, shellLine(job))
+	default:
+		e.hint("to run a job under the run ID %s, name the run command: agent-wrap run %s -- CMD [ARG...]", id, id)
 	}
-	e.hint("to run a job under the run ID %s, name the run command: agent-wrap run %s -- %s", id, id, explicit)
 	e.hint("nothing was run and the ID %s is still free", id)
 	return ExitUsage
 }

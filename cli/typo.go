@@ -18,8 +18,13 @@ import (
 // slips in one word are common and a real run ID that close is not. word
 // itself counts when it is a name.
 func nearCommands(word string) []string {
+	return nearWords(word, commandNames())
+}
+
+// nearWords is nearCommands over other names (a command's subcommands).
+func nearWords(word string, names []string) []string {
 	var near []string
-	for _, name := range commandNames() {
+	for _, name := range names {
 		limit := 1
 		if len(name) >= 6 {
 			limit = 2
