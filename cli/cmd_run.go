@@ -93,6 +93,12 @@ func runRun(e *Env, args []string) int {
 	default:
 		return e.usageError("--agent must be scoped, inherit or none, not %q", rf.agent)
 	}
+	if rf.agent != "" && rf.agent != wrapper.AgentNone && e.Getenv("SSH_AUTH_SOCK") == "" && rf.detachFD == 0 {
+		// Asked for an agent there is none of: the job runs with none. Said
+		// once, by the command the user typed (not its --detach supervisor).
+		e.errorf("warning: --agent %s, but SSH_AUTH_SOCK is not set: the job gets no agent", rf.agent)
+		e.hint("start an ssh-agent (or connect with ssh -A) to give the job one; --agent none says no agent without this warning")
+	}
 	specs, code := e.httpSpecs(rf.http)
 	if code != 0 {
 		return code
