@@ -118,6 +118,14 @@ func (r *Root) Open(id string) (*Dir, error) {
 		case unix.ELOOP, unix.ENOTDIR:
 			return nil, fmt.Errorf("run directory %s is a symlink or not a directory: %w", path, ErrUnsafe)
 		}
+		// Someone else's directory in its private mode cannot be opened:
+		// say whose it is, as for one that can (checkDir), not just EACCES.
+		var st unix.Stat_t
+		if unix.Fstatat(r.fd, id, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if cerr := checkDir("run directory", path, &st); cerr != nil {
+				return nil, cerr
+			}
+		}
 		return nil, fmt.Errorf("run directory %s: %w", path, os.NewSyscallError("open", err))
 	}
 	var st unix.Stat_t
