@@ -89,6 +89,13 @@ func (e *Env) ledgerHint(err error) int {
 	case errors.Is(err, ledger.ErrUnreachable):
 		e.hint("is the database up, and are the URL's host and port right? nothing was changed")
 		return ExitUnavailable
+	case errors.Is(err, ledger.ErrNoDatabase):
+		var nd *ledger.NoDatabaseError
+		if errors.As(err, &nd) {
+			e.hint("create the database first, as a role that may (nothing creates one silently): %s", shellLine(nd.Createdb))
+			e.hint("then make the ledger in it: agent-wrap ledger init --ledger %s", shellLine([]string{nd.Where}))
+		}
+		return ExitUnsafeRoot
 	case errors.Is(err, ledger.ErrNoSchema):
 		e.hint("run 'agent-wrap ledger init' with this --ledger once, as a role that may create tables in the database; agent-wrap creates none silently")
 		return ExitUnsafeRoot

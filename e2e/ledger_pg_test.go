@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -138,6 +140,31 @@ func TestSSHPostgresLedger(t *testing.T) {
 			t.Errorf("%s: exit %d, want %d saying %q, no password:\n%s", tc.name, code, tc.code, tc.says, out)
 		}
 	}
+	// A database that does not exist: said so, with the createdb command
+	// that makes it (not the circular "run ledger init"); that command,
+	// run as given, makes it, and ledger init then succeeds.
+	nodb := pg.URL("postgres", db+"_missing")
+	for _, args := range [][]string{{"ledger", "init", "--ledger", nodb}, {"ledger", "--ledger", nodb}} {
+		code, out := runBin(args...)
+		if code != 78 || !strings.Contains(out, `no database "`+db+`_missing"`) || !strings.Contains(out, "hint: create the database first") ||
+			strings.Contains(out, "run 'agent-wrap ledger init' with this --ledger once") {
+			t.Errorf("%v on a missing database: exit %d, want 78 naming it and createdb:\n%s", args, code, out)
+		}
+	}
+	_, out := runBin("ledger", "init", "--ledger", nodb)
+	m := regexp.MustCompile(`hint: create the database first, [^:]*: (createdb [^\n]*)\n`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no createdb command in:\n%s", out)
+	}
+	cmd := exec.Command("sh", "-c", m[1])
+	cmd.Env = append(os.Environ(), "PATH="+pg.BinDir+":"+os.Getenv("PATH"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the hinted %s: %v\n%s", m[1], err, out)
+	}
+	if code, out := runBin("ledger", "init", "--ledger", nodb); code != 0 || !strings.Contains(out, "created") {
+		t.Errorf("ledger init after the hinted createdb: exit %d: %s", code, out)
+	}
+
 	// ssh into an empty database: 78, nothing launched, no table made.
 	k := c.start("pgnoschema", nil, "true")
 	if code := k.wait(t); code != 78 || !strings.Contains(k.stderr(), "ledger init") {

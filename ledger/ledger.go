@@ -211,6 +211,9 @@ var (
 	// ErrUnreachable: no answer from the database (nothing listening, a
 	// broken connection, a server shutting down). Worth retrying.
 	ErrUnreachable = errors.New("cannot reach the ledger's database")
+	// ErrNoDatabase: the server has no database of the URL's name
+	// (NoDatabaseError names the createdb command that makes it).
+	ErrNoDatabase = errors.New("no such database")
 	// ErrNoSchema: the database holds no ledger yet ('agent-wrap ledger init').
 	ErrNoSchema = errors.New("the database holds no agent-wrap ledger")
 	// ErrSchema: the ledger's schema is not the one this agent-wrap knows

@@ -327,6 +327,11 @@ func (p *Postgres) Init(ctx context.Context) (from, to int, err error) {
 			to = from
 			return errPlain{p.newer(from)}
 		}
+		if from == SchemaVersion {
+			// Current already: write nothing, not even migrated_at.
+			_, err := c.Exec(ctx, "ROLLBACK").ReadAll()
+			return err
+		}
 		for v := max(from, 0); v < SchemaVersion; v++ {
 			if _, err := c.Exec(ctx, migrations[v]).ReadAll(); err != nil {
 				return fmt.Errorf("migrate to version %d: %w", v+1, err)
@@ -418,7 +423,7 @@ func (p *Postgres) wrap(op string, err error) error {
 		case strings.HasPrefix(pe.Code, "28") || pe.Code == "42501": // invalid authorization, insufficient privilege
 			return fmt.Errorf("ledger %s: %w: %s", p.where, ErrDenied, msg)
 		case pe.Code == "3D000": // invalid_catalog_name: no such database
-			return fmt.Errorf("ledger %s: %w: %s", p.where, ErrNoSchema, msg)
+			return &NoDatabaseError{Where: p.where, Database: p.cfg.Database, Createdb: p.createdb(), msg: msg}
 		case pe.Code == "42P01":
 			return fmt.Errorf("ledger %s: %w: %s", p.where, ErrNoSchema, msg)
 		case pe.Code == "55P03": // lock_not_available: a claim holds the row past lock_timeout
@@ -430,6 +435,39 @@ func (p *Postgres) wrap(op string, err error) error {
 	}
 	// No answer from the server: a refused or broken connection, a timeout.
 	return fmt.Errorf("ledger %s: %w: %s", p.where, ErrUnreachable, msg)
+}
+
+// NoDatabaseError is the server's answer for a URL that names a database
+// it does not have (errors.Is ErrNoDatabase). Createdb is the command that
+// makes it, as argv: nothing creates a database silently.
+type NoDatabaseError struct {
+	Where    string // the URL without its password
+	Database string
+	Createdb []string
+	msg      string
+}
+
+func (e *NoDatabaseError) Error() string {
+	return fmt.Sprintf("ledger %s: %v: the server has no database %q (%s)", e.Where, ErrNoDatabase, e.Database, e.msg)
+}
+
+// Is makes errors.Is(err, ErrNoDatabase) true.
+func (e *NoDatabaseError) Is(target error) bool { return target == ErrNoDatabase }
+
+// createdb is PostgreSQL's createdb command line for the URL's database,
+// on its server, as its user.
+func (p *Postgres) createdb() []string {
+	argv := []string{"createdb"}
+	if p.cfg.Host != "" {
+		argv = append(argv, "-h", p.cfg.Host)
+	}
+	if p.cfg.Port != 0 && p.cfg.Port != 5432 {
+		argv = append(argv, "-p", strconv.Itoa(int(p.cfg.Port)))
+	}
+	if p.cfg.User != "" {
+		argv = append(argv, "-U", p.cfg.User)
+	}
+	return append(argv, p.cfg.Database)
 }
 
 func (p *Postgres) redact(s string) string {

@@ -29,7 +29,7 @@ func TestPostgresRefusals(t *testing.T) {
 		{"bad URL", "postgres://u@host:notaport/x", ErrBadURL},
 		{"wrong password", pg.TCPURL("runner", "wrong-pw", db), ErrDenied},
 		{"uninitialised", pg.URL("postgres", db), ErrNoSchema},
-		{"no such database", pg.URL("postgres", "nodb"), ErrNoSchema},
+		{"no such database", pg.URL("postgres", "nodb"), ErrNoDatabase},
 		{"nothing listening", "postgres://u@127.0.0.1:1/x?connect_timeout=5", ErrUnreachable},
 	}
 	for _, tc := range cases {
@@ -39,6 +39,21 @@ func TestPostgresRefusals(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "wrong-pw") {
 			t.Errorf("%s: the password is in the message: %v", tc.name, err)
+		}
+	}
+	// A missing database is named, with the createdb command that makes it
+	// (on the URL's server, as its user), at open and at init alike.
+	for _, open := range []func() error{
+		func() error { _, err := OpenPostgres(ctx, pg.URL("postgres", "nodb"), false); return err },
+		func() error { _, err := OpenPostgresForInit(ctx, pg.URL("postgres", "nodb")); return err },
+	} {
+		err := open()
+		var nd *NoDatabaseError
+		if !errors.As(err, &nd) || errors.Is(err, ErrNoSchema) || !strings.Contains(err.Error(), `no database "nodb"`) {
+			t.Fatalf("open a missing database: %v, want a NoDatabaseError naming nodb", err)
+		}
+		if got := strings.Join(nd.Createdb, " "); !strings.HasPrefix(got, "createdb -h ") || !strings.HasSuffix(got, " -U postgres nodb") {
+			t.Errorf("createdb command: %q", got)
 		}
 	}
 	// The pool (a controller) finds the missing schema at its first
@@ -65,8 +80,24 @@ func TestPostgresRefusals(t *testing.T) {
 	if from, to, err := in.Init(ctx); err != nil || from != -1 || to != SchemaVersion {
 		t.Fatalf("init: %d -> %d, %v", from, to, err)
 	}
+	// A second init on the current schema writes nothing: the schema row
+	// keeps its migrated_at and the transaction that wrote it (xmin).
+	var at1, xmin1, at2, xmin2 int
+	stamp := `SELECT ` + micros("migrated_at") + ` FROM agent_wrap_schema`
+	xmin := `SELECT xmin::text::bigint FROM agent_wrap_schema`
+	if err := queryInt(ctx, db, stamp, &at1); err != nil || at1 == 0 {
+		t.Fatalf("migrated_at after init: %d, %v", at1, err)
+	}
+	if err := queryInt(ctx, db, xmin, &xmin1); err != nil {
+		t.Fatal(err)
+	}
 	if from, to, err := in.Init(ctx); err != nil || from != SchemaVersion || to != SchemaVersion {
 		t.Fatalf("second init: %d -> %d, %v", from, to, err)
+	}
+	queryInt(ctx, db, stamp, &at2)
+	queryInt(ctx, db, xmin, &xmin2)
+	if at2 != at1 || xmin2 != xmin1 {
+		t.Errorf("a second init on the current schema wrote: migrated_at %d -> %d, xmin %d -> %d", at1, at2, xmin1, xmin2)
 	}
 	// A newer schema: refused by init and by use.
 	if err := pg.Exec(ctx, db, `UPDATE agent_wrap_schema SET version = 99`); err != nil {
