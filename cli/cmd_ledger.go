@@ -26,8 +26,8 @@ func init() {
 const ledgerHelp = `ledger lists the runs 'agent-wrap ssh' started, unsettled first, newest first:
 ID, destination, state, outcome, exit code, age. --controller keeps the runs
 of one controller (HOST, or HOST:PID), --dead those whose controller is gone
-(its process ended, on this machine; its heartbeat older than the run's
-give-up time, elsewhere).
+(its heartbeat older than the run's give-up time, wherever it runs, so a
+stopped controller too; or its process ended, on this machine).
 
 'ledger init' makes the ledger: for a postgres:// URL it creates the schema
 in the database (or migrates an older one), refusing a newer one; for a

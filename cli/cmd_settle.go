@@ -23,9 +23,10 @@ const settleHelp = `settle asks the host of each unsettled run in the ledger (re
 over the run's own --rsh) what became of it and records the outcome:
 completed, cancelled, unknown, or not_started (the host never had the run ID
 and the ledger still says launching). It signals nothing. A run whose
-controller is still driving it is left to it: on this machine, while its
-process lives; on another (a shared PostgreSQL ledger), while its heartbeat
-is younger than the run's give-up time. Each run is claimed before the host
+controller is still driving it is left to it: while its heartbeat is younger
+than the run's give-up time and, on this machine, its process lives (a
+controller stopped past its give-up time is gone, and exits 255 when it
+wakes). Each run is claimed before the host
 is asked, so two settles at once settle it once. --dead keeps to the runs
 whose controller is gone; --controller HOST[:PID] to one controller's.
 `

@@ -291,3 +291,69 @@ func TestSSHPostgresAway(t *testing.T) {
 		t.Errorf("settle away-z (the host says %v): exit %d, want %q: %s", zFinal, code, want, out)
 	}
 }
+
+// A frozen owner is gone, on its own machine too. A controller SIGSTOPped
+// mid-run keeps its PID alive on this machine; while its heartbeat is
+// fresh, `settle --all --dead` here leaves its run alone. Once the
+// heartbeat is older than the run's give-up time (5 s), the same settle,
+// on the same machine, takes the run and records the host's outcome, once.
+// The owner, continued, finds the run settled, says so, exits 255 and
+// overwrites nothing. On a files ledger and on PostgreSQL.
+func TestFrozenOwnerOnThisMachineIsGone(t *testing.T) {
+	eachLedger(t, func(t *testing.T, c *ctlHarness) {
+		gate := filepath.Join(t.TempDir(), "go")
+		id := "frozen-" + filepath.Base(t.Name())
+		k := c.start(id, []string{"--lease", "120s", "--grace", "1s", "--give-up", "5s"}, gateJob(gate, 9)...)
+		eventually(t, id+" started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+		c.waitRunning(id)
+		if code, out := c.settle("--all", "--dead"); code != 0 || out != "" {
+			t.Fatalf("settle --all --dead while the owner drives its run: exit %d, want 0 and nothing done:\n%s", code, out)
+		}
+
+		k.signal(t, syscall.SIGSTOP)
+		stopped := time.Now()
+		if err := os.WriteFile(gate, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		wantFinal(t, c.waitTerminal(id), "finished", "", 9)
+		// The owner's process is alive (stopped, state T) all along.
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", k.cmd.Process.Pid)); err != nil || !strings.Contains(string(st), ") T ") {
+			t.Fatalf("the owner is not stopped: %v %q", err, st)
+		}
+
+		var out string
+		eventually(t, "the frozen owner's run settled by settle --all --dead on its own machine", func() bool {
+			var code int
+			code, out = c.settle("--all", "--dead")
+			if code == 0 && out != "" {
+				return true
+			}
+			time.Sleep(200 * time.Millisecond) // poll interval: each poll is a process
+			return false
+		})
+		if want := id + ": completed (exit 9)\n"; out != want {
+			t.Errorf("settle --all --dead: %q, want %q", out, want)
+		}
+		r := c.ledgerRec(id)
+		if r.State != ledger.Settled || r.Outcome != ledger.Completed || r.Code() != 9 || r.SettledBy == nil ||
+			r.Controller == nil || r.SettledBy.Host != r.Controller.Host || r.SettledBy.PID == r.Controller.PID {
+			t.Errorf("the record after the settle: %+v", r)
+		}
+		// Judged gone by its heartbeat, not by a stopwatch: the heartbeat
+		// the settle saw was older than the give-up time when it settled.
+		if age := r.SettledAt.Sub(r.HeartbeatAt); age <= 5*time.Second {
+			t.Errorf("settled %v after the last heartbeat, want more than the 5 s give-up (stopped at %v)", age, stopped)
+		}
+		if code, out := c.settle("--all", "--dead"); code != 0 || out != "" {
+			t.Errorf("a second settle: exit %d, want 0 and nothing to do:\n%s", code, out)
+		}
+
+		k.signal(t, syscall.SIGCONT)
+		if code := k.wait(t); code != 255 || !strings.Contains(k.stderr(), "settled by someone else") {
+			t.Errorf("the owner, continued: exit %d, want 255 saying someone else settled the run:\n%s", code, k.stderr())
+		}
+		if r2 := c.ledgerRec(id); r2.SettledBy == nil || *r2.SettledBy != *r.SettledBy || !r2.SettledAt.Equal(r.SettledAt) {
+			t.Errorf("the owner overwrote the settle: before %+v, after %+v", r, r2)
+		}
+	})
+}

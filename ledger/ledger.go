@@ -25,9 +25,9 @@
 //     SELECT ... FOR UPDATE SKIP LOCKED; files: a lock file), and the
 //     settling write is made under the claim.
 //
-// Whether an owner is gone is OwnerGone's judgement: the same machine (host
-// name and boot ID) asks its process table; any other asks the heartbeat's
-// age against the run's give-up time.
+// Whether an owner is gone is OwnerGone's judgement: a heartbeat older than
+// the run's give-up time is gone on any machine (a frozen owner is gone);
+// the same machine (host name and boot ID) also asks its process table.
 package ledger
 
 import (
@@ -162,10 +162,14 @@ func (o *Owner) Match(sel string) bool {
 // self at now (the ledger's clock: the database's for PostgreSQL). alive
 // answers for a process of this machine (PID and start time). The rules:
 //   - released (not Driven): gone;
-//   - an owner on this machine (host and boot ID), or a record without an
-//     owner's identity: gone when its process is;
-//   - an owner elsewhere: gone when its heartbeat (else its last write) is
-//     older than the run's give-up time.
+//   - an owner whose heartbeat (else its last write) is older than the run's
+//     give-up time: gone, wherever it runs. A process that lives but has
+//     not renewed it (SIGSTOPped, hung) drives nothing; when it wakes, its
+//     write is refused (ErrLost) once someone has settled the run;
+//   - else an owner on this machine (host and boot ID): gone when its
+//     process is;
+//   - a record without an owner's identity (an older controller's, with no
+//     heartbeat): gone when its process is.
 func OwnerGone(r *Record, self *Owner, now time.Time, alive func(pid int, start uint64) bool) bool {
 	if !r.Driven() {
 		return true
@@ -174,13 +178,27 @@ func OwnerGone(r *Record, self *Owner, now time.Time, alive func(pid int, start 
 		if self != nil && r.ControllerPID == self.PID && (r.ControllerStart == 0 || r.ControllerStart == self.Start) {
 			return true // this very process, which does not drive it
 		}
+		if r.Controller != nil && !r.lastBeat().IsZero() && r.heartbeatOlderThanGiveUp(now) {
+			return true // alive, perhaps, but frozen
+		}
 		return alive == nil || !alive(r.ControllerPID, r.ControllerStart)
 	}
-	last := r.HeartbeatAt // every write of the owner's is a heartbeat too
-	if last.IsZero() {
-		last = r.UpdatedAt
+	return r.heartbeatOlderThanGiveUp(now)
+}
+
+// heartbeatOlderThanGiveUp reports whether the owner's last heartbeat (else
+// its last write: every write of the owner's is a heartbeat too) is older
+// than the run's give-up time at now.
+func (r *Record) heartbeatOlderThanGiveUp(now time.Time) bool {
+	return now.Sub(r.lastBeat()) > r.GiveUpAfter()
+}
+
+// lastBeat is the owner's last heartbeat, else its last write.
+func (r *Record) lastBeat() time.Time {
+	if r.HeartbeatAt.IsZero() {
+		return r.UpdatedAt
 	}
-	return now.Sub(last) > r.GiveUpAfter()
+	return r.HeartbeatAt
 }
 
 // GiveUpAfter is the run's give-up time: as recorded, else the default

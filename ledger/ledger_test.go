@@ -223,6 +223,12 @@ func TestOwnerGone(t *testing.T) {
 		{"elsewhere stale", Record{State: Running, Controller: there, ControllerPID: 42, HeartbeatAt: now.Add(-11 * time.Second), GiveUp: 10}, true},
 		{"elsewhere default give-up", Record{State: Running, Controller: there, ControllerPID: 42, HeartbeatAt: now.Add(-40 * time.Second), Lease: 5, Grace: 1}, true},
 		{"this process", Record{State: Running, Controller: self, ControllerPID: 100, ControllerStart: 1}, true},
+		// A frozen owner is gone: alive on this machine, but its heartbeat
+		// is older than the give-up time (and only then).
+		{"here alive, heartbeat fresh", Record{State: Running, Controller: here, ControllerPID: 42, ControllerStart: 7, HeartbeatAt: now.Add(-5 * time.Second), GiveUp: 10}, false},
+		{"here alive, heartbeat stale", Record{State: Running, Controller: here, ControllerPID: 42, ControllerStart: 7, HeartbeatAt: now.Add(-11 * time.Second), GiveUp: 10}, true},
+		{"here alive, last write stale", Record{State: Running, Controller: here, ControllerPID: 42, ControllerStart: 7, UpdatedAt: now.Add(-40 * time.Second), Lease: 5, Grace: 1}, true},
+		{"legacy alive, last write stale", Record{State: Running, ControllerPID: 42, ControllerStart: 7, UpdatedAt: now.Add(-time.Hour)}, false},
 	} {
 		if got := OwnerGone(&tc.r, self, now, alive); got != tc.want {
 			t.Errorf("%s: OwnerGone = %v, want %v", tc.name, got, tc.want)
