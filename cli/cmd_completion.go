@@ -30,7 +30,8 @@ func init() {
 }
 
 const completionHelp = `The script completes command names, each command's flags, directories and
-files for flags that take one, and run IDs: for a command that names a run,
+files for flags that take one, the values of a flag that takes one of a few
+(--agent, --cgroup, --mux, --on-hangup), and run IDs: for a command that names a run,
 the IDs 'agent-wrap list' shows (settle: the ledger's). Load it for this shell:
   source <(agent-wrap completion bash)
   agent-wrap completion zsh >"${fpath[1]}/_agent-wrap"
@@ -139,7 +140,7 @@ _agent_wrap() {
 `, idsSed, sq(strings.Join(names, " ")))
 	for _, d := range docs {
 		fmt.Fprintf(w, "    %s)\n", d.name)
-		var dirs, files, other []string
+		var dirs, files, other, valued []string
 		for _, f := range d.flags {
 			if f.arg == "" {
 				continue
@@ -147,6 +148,11 @@ _agent_wrap() {
 			names := []string{"--" + f.name}
 			if f.short != "" {
 				names = append(names, "-"+f.short)
+			}
+			if len(f.values) > 0 {
+				valued = append(valued, fmt.Sprintf("        %s) COMPREPLY=($(compgen -W %s -- \"$cur\")); return ;;\n",
+					strings.Join(names, "|"), sq(strings.Join(f.values, " "))))
+				continue
 			}
 			switch valueKind(f) {
 			case "dir":
@@ -158,6 +164,9 @@ _agent_wrap() {
 			}
 		}
 		fmt.Fprintf(w, "        case $prev in\n")
+		for _, l := range valued {
+			fmt.Fprint(w, l)
+		}
 		if len(dirs) > 0 {
 			fmt.Fprintf(w, "        %s) COMPREPLY=($(compgen -d -- \"$cur\")); return ;;\n", strings.Join(dirs, "|"))
 		}
@@ -266,6 +275,9 @@ _agent-wrap() {
 				case "file":
 					comp = "_files"
 				}
+				if len(f.values) > 0 {
+					comp = "(" + strings.Join(f.values, " ") + ")"
+				}
 				action = ":" + zshDesc(f.arg) + ":" + comp
 			}
 			if f.short != "" {
@@ -362,10 +374,18 @@ complete -c agent-wrap -n 'not __agent_wrap_cmd' -l version -d 'print the versio
 			line += " -l " + f.name
 			if f.arg != "" {
 				line += " -r"
-				switch valueKind(f) {
-				case "dir":
+				switch {
+				case len(f.values) > 0:
+					// Each value described as --FLAG's, not with the
+					// flag's whole text: VALUE\t"DESCRIPTION".
+					var vs []string
+					for _, v := range f.values {
+						vs = append(vs, v+`\t"--`+f.name+`"`)
+					}
+					line += " -f -a " + fishQuote(strings.Join(vs, " "))
+				case valueKind(f) == "dir":
 					line += " -a '(__fish_complete_directories)'"
-				case "file":
+				case valueKind(f) == "file":
 					line += " -F"
 				}
 			}

@@ -68,6 +68,9 @@ func runRun(e *Env, args []string) int {
 	fs.StringVar(&rf.onHangup, "on-hangup", wrapper.HangupCancel, "on SIGHUP: cancel or ignore")
 	fs.StringVar(&rf.cgroup, "cgroup", wrapper.CgroupAuto, "auto: give the run its own cgroup v2 where the host allows it; off: never")
 	fs.StringVar(&rf.agent, "agent", "", "scoped: the job gets a relay to $SSH_AUTH_SOCK that ends with the run (the default when it is set); inherit: the socket as is; none: no agent")
+	oneOf(fs, "on-hangup", wrapper.HangupCancel, wrapper.HangupIgnore)
+	oneOf(fs, "cgroup", wrapper.CgroupAuto, wrapper.CgroupOff)
+	oneOf(fs, "agent", wrapper.AgentScoped, wrapper.AgentInherit, wrapper.AgentNone)
 	fs.Var(&rf.handoffGrace, "handoff-grace", "at a stop, wait up to `D` for the runs the job started on other hosts (agent-wrap ssh) to confirm their cancel, before signalling the group (default: the grace)")
 	fs.Lookup("handoff-grace").DefValue = ""
 	fs.IntVar(&rf.detachFD, "detach-fd", 0, "internal: write the running record to `FD` (the --detach supervisor)")

@@ -60,6 +60,8 @@ func runSSH(e *Env, args []string) int {
 	agent := fs.String("agent", "", "forward this controller's SSH agent to the job: `MODE` scoped (relayed only while the run is live and leased), inherit, or none (not forwarded); default: not passed, the host's run decides")
 	events := fs.String("events", "", "append one JSON line per controller event to `FILE`")
 	mux := fs.String("mux", controller.MuxAuto, "`MODE` auto: calls are sessions on agent-wrap's own ssh ControlMasters (unless the --rsh is not OpenSSH's or you set a ControlPath); off: a connection per call")
+	oneOf(fs, "agent", controller.AgentScoped, controller.AgentInherit, controller.AgentNone)
+	oneOf(fs, "mux", controller.MuxAuto, controller.MuxOff)
 	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	if code, ok := e.parse(fs, args); !ok {
 		return code

@@ -152,8 +152,18 @@ func printFlags(w io.Writer, fs *pflag.FlagSet) {
 // show it.
 type flagDoc struct {
 	name, short string
-	arg         string // the value's name (DIR, D, FILE, ...); "" for a bool flag
-	usage       string // the flag's text, with its default where that says something
+	arg         string   // the value's name (DIR, D, FILE, ...); "" for a bool flag
+	usage       string   // the flag's text, with its default where that says something
+	values      []string // the only values the flag takes (oneOf), for completion; nil: any
+}
+
+// valuesAnnotation is the pflag annotation that lists a flag's values.
+const valuesAnnotation = "agent-wrap-values"
+
+// oneOf records that flag name of fs takes only values (a mode such as
+// --agent scoped|inherit|none), so that the completion scripts offer them.
+func oneOf(fs *pflag.FlagSet, name string, values ...string) {
+	_ = fs.SetAnnotation(name, valuesAnnotation, values)
 }
 
 // flagDocs returns fs's visible flags in name order. A default is shown
@@ -173,7 +183,7 @@ func flagDocs(fs *pflag.FlagSet) []flagDoc {
 		if def := shownDefault(f); def != "" && !strings.Contains(usage, "default") {
 			usage += " (default " + def + ")"
 		}
-		out = append(out, flagDoc{name: f.Name, short: f.Shorthand, arg: varname, usage: usage})
+		out = append(out, flagDoc{name: f.Name, short: f.Shorthand, arg: varname, usage: usage, values: f.Annotations[valuesAnnotation]})
 	})
 	return out
 }
