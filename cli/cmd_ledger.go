@@ -16,7 +16,7 @@ func init() {
 	register(&command{
 		name:     "ledger",
 		summary:  "list the runs agent-wrap ssh started, unsettled first",
-		synopsis: "ledger [--json] [--controller HOST[:PID]] [--dead] [--ledger DIR|URL] | ledger init [--ledger DIR|URL]\n       agent-wrap [--root DIR] " + ledgerShowSynopsis,
+		synopsis: "ledger [--json] [--controller HOST[:PID]] [--dead] [--ledger DIR|URL] | ledger init [--ledger DIR|URL]\n       agent-wrap [--root DIR] " + ledgerShowSynopsis + "\n       agent-wrap " + ledgerForgetSynopsis,
 		help:     ledgerHelp,
 		exits:    "0; 64 bad ledger URL; 69 the database cannot be reached; 77 the database refused access; 78 unsafe ledger, no ledger in the database (run 'ledger init') or a newer schema",
 		run:      runLedger,
@@ -33,13 +33,17 @@ stopped controller too; or its process ended, on this machine).
 in the database (or migrates an older one), refusing a newer one; for a
 directory it makes the directory.
 
-'ledger show RUN_ID' shows one of them with its host's timeline. See
+'ledger show RUN_ID' shows one of them with its host's timeline. 'ledger
+forget RUN_ID' retires one that never launched (see its --help). See
 docs/controller.md.
 `
 
 func runLedger(e *Env, args []string) int {
 	if len(args) > 0 && args[0] == "show" {
 		return runLedgerShow(e, args[1:])
+	}
+	if len(args) > 0 && args[0] == "forget" {
+		return runLedgerForget(e, args[1:])
 	}
 	fs := e.flags("ledger")
 	asJSON := fs.Bool("json", false, "one JSON object per line per run: the ledger record")
@@ -107,7 +111,7 @@ func runLedger(e *Env, args []string) int {
 }
 
 // ledgerSubcommands are the words that may follow 'ledger'.
-var ledgerSubcommands = []string{"init", "show"}
+var ledgerSubcommands = []string{"forget", "init", "show"}
 
 // ledgerSubcommandError refuses the words left after ledger's flags (rest,
 // of the whole line args): a slip of a subcommand gets a did-you-mean and
@@ -121,7 +125,7 @@ func (e *Env) ledgerSubcommandError(args, rest []string) int {
 	}
 	near := nearWords(word, ledgerSubcommands)
 	if len(near) == 0 {
-		e.errorf("%q is not a subcommand of ledger, which lists runs with no argument; its subcommands are %s", word, strings.Join(ledgerSubcommands, " and "))
+		e.errorf("%q is not a subcommand of ledger, which lists runs with no argument; its subcommands are %s", word, strings.Join(ledgerSubcommands[:len(ledgerSubcommands)-1], ", ")+" and "+ledgerSubcommands[len(ledgerSubcommands)-1])
 		e.hint("see 'agent-wrap ledger --help'")
 		return ExitUsage
 	}
@@ -130,9 +134,10 @@ func (e *Env) ledgerSubcommandError(args, rest []string) int {
 	for _, n := range near {
 		fixed := slices.Clone(args)
 		fixed[slices.Index(fixed, word)] = n
-		if n == "show" {
-			// show is recognised only first: move it there.
-			fixed = slices.Concat([]string{"show"}, slices.Delete(fixed, slices.Index(fixed, "show"), slices.Index(fixed, "show")+1))
+		if n == "show" || n == "forget" {
+			// show and forget are recognised only first: move it there.
+			i := slices.Index(fixed, n)
+			fixed = slices.Concat([]string{n}, slices.Delete(fixed, i, i+1))
 		}
 		lines = append(lines, shellLine(slices.Concat([]string{"agent-wrap", "ledger"}, fixed)))
 	}

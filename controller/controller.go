@@ -115,6 +115,10 @@ type Run struct {
 	renewNow    chan struct{} // a renewal wanted before the next tick
 	cancelFinal atomic.Pointer[finalWord]
 	lostSaid    atomic.Bool // the current loss was said; cleared when attached
+	// mayHaveSent: some launch attempt may have sent its command to the
+	// host (host.mayHaveSent). While false, no attempt got past the login,
+	// so a give-up before the launch knows the run was never started.
+	mayHaveSent atomic.Bool
 	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
 	nest        *nested     // the outer run, inside a run (nested.go); set before Follow's goroutines
 	gw          *httpLaunch // the gateways the launch sends (http.go)
@@ -598,7 +602,9 @@ func (r *Run) detached(why string) {
 		if r.isLaunched() {
 			r.cfg.Notice(fmt.Sprintf("run %s: connection to %s lost (%s); reattaching", r.cfg.ID, r.cfg.Dest, why))
 		} else {
-			r.cfg.Notice(fmt.Sprintf("run %s: cannot reach %s (%s); retrying", r.cfg.ID, r.cfg.Dest, why))
+			until := time.Unix(0, r.lastRenew.Load()).Add(r.cfg.GiveUp).Local()
+			r.cfg.Notice(fmt.Sprintf("run %s: cannot reach %s (%s); retrying until %s (--give-up %v); to stop now: Ctrl-C, or kill -INT %d",
+				r.cfg.ID, r.cfg.Dest, why, until.Format("15:04:05 MST"), r.cfg.GiveUp, os.Getpid()))
 		}
 	}
 	if r.cfg.Lease < 0 && r.now().phase != phaseDetached {
@@ -734,9 +740,18 @@ func (r *Run) unknown(reason string) int {
 	return exitcode.Lost
 }
 
-// giveUp leaves the run unsettled for settle and returns 255.
+// giveUp leaves the run unsettled for settle and returns 255; a run no
+// launch attempt can have sent is settled not_started instead (nothing
+// will ever start it), so that settle does not wait on a host that may
+// never answer.
 func (r *Run) giveUp() int {
 	reason := fmt.Sprintf("no renewal succeeded for %v (--give-up); the lease has ended the run on the host", r.cfg.GiveUp)
+	if !r.isLaunched() && !r.mayHaveSent.Load() {
+		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); no attempt got as far as the login, so the command was never sent", r.cfg.Dest, r.cfg.GiveUp)
+		r.settle(ledger.NotStarted, -1, "", reason)
+		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
+		return exitcode.Lost
+	}
 	if !r.isLaunched() {
 		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); the run was never seen to start", r.cfg.Dest, r.cfg.GiveUp)
 	}

@@ -89,6 +89,9 @@ func (r *Run) launchStep(ctx context.Context, b *backoff, probe *bool) (code int
 		return r.cannotConnect(f), true
 	}
 	*probe = r.h.mayHaveSent(res)
+	if *probe {
+		r.mayHaveSent.Store(true)
+	}
 	if r.cancelRequested() {
 		return 0, false // the next step answers the cancel
 	}
