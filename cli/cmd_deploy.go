@@ -12,7 +12,7 @@ func init() {
 	register(&command{
 		name:     "deploy",
 		summary:  "copy agent-wrap to hosts over ssh and install it there",
-		synopsis: "deploy [SSH FLAGS] [--dist DIR] [--systemd|--cron] [--user] HOST...",
+		synopsis: "deploy [SSH FLAGS] [--dist DIR] [--systemd|--cron|--binary-only] [--user] HOST...",
 		help:     deployHelp,
 		exits:    "0 every host installed and (unless --dest-root) answers 'ssh HOST agent-wrap version' with it; 1 some host failed, each named on its own line; 64 usage",
 		run:      runDeploy,
@@ -44,6 +44,7 @@ func runDeploy(e *Env, args []string) int {
 	useSystemd := fs.Bool("systemd", false, "install: keep the watchdog running with systemd")
 	useCron := fs.Bool("cron", false, "install: run the watchdog from cron")
 	timer := fs.Bool("timer", false, "install: enable the systemd timer instead of the service")
+	binaryOnly := fs.Bool("binary-only", false, "install: the binary alone, for a host with neither systemd nor cron (a container); the line names the watchdog command to keep running there")
 	userMode := fs.Bool("user", false, "install: for the remote user only (~/.local)")
 	prefix := fs.String("prefix", "", "install: the binary goes to `DIR`/bin/agent-wrap")
 	runRoot := fs.String("run-root", "", "install: the run root `DIR` the remote watchdog watches (default the remote user's)")
@@ -58,6 +59,9 @@ func runDeploy(e *Env, args []string) int {
 	}
 	if *useSystemd && *useCron {
 		return e.usageError("--systemd and --cron are exclusive")
+	}
+	if *binaryOnly && (*useSystemd || *useCron || *timer) {
+		return e.usageError("--binary-only installs no watchdog; it does not go with --systemd, --cron or --timer")
 	}
 
 	r := &deploy.Remote{Dist: *dist}
@@ -82,7 +86,7 @@ func runDeploy(e *Env, args []string) int {
 	for _, f := range []struct {
 		set  bool
 		flag string
-	}{{*useSystemd, "--systemd"}, {*useCron, "--cron"}, {*timer, "--timer"}, {*userMode, "--user"}} {
+	}{{*useSystemd, "--systemd"}, {*useCron, "--cron"}, {*timer, "--timer"}, {*binaryOnly, "--binary-only"}, {*userMode, "--user"}} {
 		if f.set {
 			r.InstallArgs = append(r.InstallArgs, f.flag)
 		}
@@ -99,6 +103,9 @@ func runDeploy(e *Env, args []string) int {
 		fmt.Fprintln(e.Stdout, res)
 		for _, hint := range res.Hints {
 			e.hint("%s: %s", h, hint)
+		}
+		if *binaryOnly && res.Err == nil {
+			e.hint("%s: nothing there keeps the watchdog running: keep the line after 'to do there' running as a long-lived process (a container's entrypoint or sidecar, a supervisor's program)", h)
 		}
 		if res.Err != nil {
 			code = ExitFailure

@@ -18,7 +18,7 @@ func init() {
 	register(&command{
 		name:     "install",
 		summary:  "install this binary and the watchdog (systemd or cron) on this host",
-		synopsis: "install [--systemd [--timer] | --cron] [--user] [--prefix DIR] [--dry-run]",
+		synopsis: "install [--systemd [--timer] | --cron | --binary-only] [--user] [--prefix DIR] [--dry-run]",
 		help:     installHelp,
 		exits:    "0 installed; 1 a file could not be written, the watchdog could not be started, or --cron where no cron would run it; 64 usage; 78 unsafe run root",
 		run:      runInstall,
@@ -32,7 +32,10 @@ alone. It prints one line per file, "ran: CMD" when it started the watchdog,
 "next: CMD" for what is left to you, and a note when 'ssh HOST agent-wrap'
 would not find the binary (non-interactive ssh commands get sshd's PATH).
 --cron is refused where nothing would ever run the line (no cron daemon, or
-for --user no crontab program). See deploy/README.md for what goes where.`
+for --user no crontab program). --binary-only, for a host with neither (a
+container, a minimal VM), installs the binary alone and prints, as "next:",
+the watchdog line to keep running there (a container's entrypoint or
+sidecar). See deploy/README.md for what goes where.`
 
 // runInstall puts the running binary and the watchdog in place. See
 // deploy/README.md for what goes where and how to undo it.
@@ -46,6 +49,7 @@ func runInstall(e *Env, args []string) int {
 	useSystemd := fs.Bool("systemd", false, "keep the watchdog running with systemd (default when systemd is running)")
 	useCron := fs.Bool("cron", false, "run the watchdog once a minute from cron (default when systemd is not running)")
 	timer := fs.Bool("timer", false, "with systemd, enable the once-a-minute timer instead of the long-running service")
+	binaryOnly := fs.Bool("binary-only", false, "install the binary alone, where neither systemd nor cron would run the watchdog (a container): it prints the line to keep running")
 	userMode := fs.Bool("user", false, "install for this user only: ~/.local, systemd user units or a user crontab")
 	prefix := fs.String("prefix", "", "install the binary as `DIR`/bin/agent-wrap (default /usr/local, or ~/.local with --user)")
 	dryRun := fs.Bool("dry-run", false, "print what would be done, change nothing")
@@ -63,6 +67,9 @@ func runInstall(e *Env, args []string) int {
 	if *timer && *useCron {
 		return e.usageError("--timer is a systemd timer; it does not go with --cron")
 	}
+	if *binaryOnly && (*useSystemd || *useCron || *timer) {
+		return e.usageError("--binary-only installs no watchdog; it does not go with --systemd, --cron or --timer")
+	}
 	if *destRoot == "" {
 		*destRoot = e.Getenv("AGENT_WRAP_DESTDIR")
 	}
@@ -72,7 +79,9 @@ func runInstall(e *Env, args []string) int {
 
 	o := deploy.Options{User: *userMode, Timer: *timer, Prefix: *prefix}
 	var guessed bool
-	if o.Method, guessed = deploy.ChooseMethod(*useSystemd, *timer, *useCron); guessed && o.Method == deploy.Cron {
+	if *binaryOnly {
+		o.Method = deploy.BinaryOnly
+	} else if o.Method, guessed = deploy.ChooseMethod(*useSystemd, *timer, *useCron); guessed && o.Method == deploy.Cron {
 		fmt.Fprintln(e.Stdout, "using: cron (systemd is not running here; pass --systemd to install units anyway)")
 	}
 
@@ -128,6 +137,7 @@ func (e *Env) installFailed(err error, userMode bool) int {
 	if ie.Step == deploy.StepCron {
 		e.errorf("install --cron: %v", ie.Err)
 		e.hint("install cron (apt-get install cron), or use --systemd where systemd runs; nothing was installed")
+		e.hint("where neither runs (a container, a minimal VM): install --binary-only installs the binary alone and prints the watchdog line to keep running (an entrypoint or a sidecar)")
 		return ExitFailure
 	}
 	e.errorf("install: %v", ie.Err)

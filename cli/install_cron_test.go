@@ -98,3 +98,43 @@ func TestInstallCronUserNotesReach(t *testing.T) {
 		t.Errorf("crontab was given (%v):\n%s", err, b)
 	}
 }
+
+// A host with neither systemd nor cron (simulated as above): the refusal
+// of --cron names --binary-only, and --binary-only installs the binary
+// alone, exit 0, printing the watchdog line to keep running.
+func TestInstallBinaryOnlyWithoutCron(t *testing.T) {
+	old := deploy.CronDirs
+	deploy.CronDirs = nil
+	t.Cleanup(func() { deploy.CronDirs = old })
+	t.Setenv("PATH", t.TempDir())
+	home := t.TempDir()
+	env := func(k string) string {
+		return map[string]string{"HOME": home, "AGENT_WRAP_ROOT": filepath.Join(home, "runs")}[k]
+	}
+	var out, errb bytes.Buffer
+	if code := (&Env{Stdout: &out, Stderr: &errb, Getenv: env}).Run([]string{"install", "--cron", "--user"}); code != ExitFailure ||
+		!strings.Contains(errb.String(), "install --binary-only installs the binary alone") {
+		t.Errorf("install --cron --user without cron: exit %d, want 1 and a hint naming --binary-only:\n%s", code, errb.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := (&Env{Stdout: &out, Stderr: &errb, Getenv: env}).Run([]string{"install", "--binary-only", "--user"}); code != ExitOK {
+		t.Fatalf("install --binary-only --user: exit %d\nstdout: %s\nstderr: %s", code, out.String(), errb.String())
+	}
+	bin := filepath.Join(home, ".local/bin/agent-wrap")
+	want := "\nnext: " + bin + " --root " + filepath.Join(home, "runs") + " watchdog --interval 5s\n"
+	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "nothing here keeps it running (binary only)") {
+		t.Errorf("install --binary-only --user: stdout lacks %q:\n%s", want, out.String())
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Errorf("the binary was not installed: %v", err)
+	}
+	for _, p := range []string{".config/agent-wrap/watchdog.crontab", ".config/systemd"} {
+		if _, err := os.Lstat(filepath.Join(home, p)); err == nil {
+			t.Errorf("%s was written by a binary-only install", p)
+		}
+	}
+	if code := (&Env{Stdout: &out, Stderr: &errb, Getenv: env}).Run([]string{"install", "--binary-only", "--cron"}); code != ExitUsage {
+		t.Errorf("install --binary-only --cron: exit %d, want 64", code)
+	}
+}

@@ -141,6 +141,12 @@ func Install(o Options, destRoot string, dryRun bool, w io.Writer) (*Installed, 
 // (StepActivate).
 func (in *Installed) Activate(ctx context.Context, w, diag io.Writer) error {
 	p := in.Plan
+	if p.Method == BinaryOnly {
+		// Nothing here runs it: the operator's line, said every time.
+		fmt.Fprintln(w, "watchdog: nothing here keeps it running (binary only); keep the next line running as a long-lived process: a container's entrypoint or sidecar, or a supervisor's program")
+		fmt.Fprintf(w, "next: %s\n", p.Keep)
+		return nil
+	}
 	canActivate := !in.dryRun && in.destRoot == "" &&
 		(p.Method == Systemd && SystemdRunning() ||
 			p.Method == Cron && haveCommand("crontab"))

@@ -19,7 +19,20 @@ type Method string
 const (
 	Systemd Method = "systemd" // a long-running service (or, with Timer, a timer)
 	Cron    Method = "cron"    // one pass a minute from cron
+	// BinaryOnly installs the binary alone, for a host where nothing would
+	// keep the watchdog running (a container, a minimal VM): the operator
+	// runs WatchdogCommand as a long-lived process (an entrypoint, a
+	// sidecar, a supervisor's program).
+	BinaryOnly Method = "binary-only"
 )
+
+// WatchdogCommand is the command line that keeps the watchdog of run root
+// root running, with the binary at bin: the systemd service's ExecStart,
+// and what a binary-only install asks the operator to run. The paths are
+// clean absolute paths (NewPlan checks them), so the line needs no quoting.
+func WatchdogCommand(bin, root string) string {
+	return bin + " --root " + root + " watchdog --interval 5s"
+}
 
 // SystemdRunning reports whether systemd is the running service manager:
 // the test sd_booted(3) makes.
@@ -69,12 +82,15 @@ type Plan struct {
 	// read by cron itself). The install command runs it only where that is
 	// possible; otherwise it is printed for the operator.
 	Activate string
+	// Keep is, for BinaryOnly, the line the operator must keep running
+	// (WatchdogCommand); "" otherwise.
+	Keep string
 }
 
 // NewPlan works out every file an install writes. It reads the executable
 // but touches nothing.
 func NewPlan(o Options) (*Plan, error) {
-	if o.Method != Systemd && o.Method != Cron {
+	if o.Method != Systemd && o.Method != Cron && o.Method != BinaryOnly {
 		return nil, fmt.Errorf("unknown install method %q", o.Method)
 	}
 	if o.Timer && o.Method != Systemd {
@@ -107,6 +123,8 @@ func NewPlan(o Options) (*Plan, error) {
 	d := unitData{Bin: p.Bin, Root: o.RunRoot, User: o.User, UserName: o.UserName, Marker: CronMarker}
 
 	switch o.Method {
+	case BinaryOnly:
+		p.Keep = WatchdogCommand(p.Bin, o.RunRoot)
 	case Systemd:
 		dir := "/etc/systemd/system"
 		if o.User {

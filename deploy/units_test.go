@@ -261,3 +261,34 @@ func TestUnitHardening(t *testing.T) {
 		}
 	}
 }
+
+// A binary-only plan holds the binary alone, and the line it asks the
+// operator to keep running is the systemd service's own ExecStart, so the
+// two cannot drift apart.
+func TestBinaryOnlyPlan(t *testing.T) {
+	o := Options{Method: BinaryOnly, User: true, Home: "/home/al", RunRoot: "/home/al/.agent-runs", Executable: fakeBinary(t)}
+	p, err := NewPlan(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Files) != 1 || p.Files[0].Path != "/home/al/.local/bin/agent-wrap" || p.Activate != "" {
+		t.Errorf("binary-only plan: files %v, activate %q; want the binary alone and nothing to activate", p.Files, p.Activate)
+	}
+	if want := "/home/al/.local/bin/agent-wrap --root /home/al/.agent-runs watchdog --interval 5s"; p.Keep != want {
+		t.Errorf("Keep = %q, want %q", p.Keep, want)
+	}
+	o.Method = Systemd
+	sp, err := NewPlan(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range sp.Files {
+		if filepath.Base(f.Path) == ServiceUnit && !strings.Contains(string(f.Data), "\nExecStart="+p.Keep+"\n") {
+			t.Errorf("the service's ExecStart is not the binary-only line %q:\n%s", p.Keep, f.Data)
+		}
+	}
+	o.Method, o.Timer = BinaryOnly, true
+	if _, err := NewPlan(o); err == nil {
+		t.Errorf("a binary-only plan with a timer was accepted")
+	}
+}
