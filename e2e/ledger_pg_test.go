@@ -144,7 +144,8 @@ func TestSSHPostgresLedger(t *testing.T) {
 	// that makes it (not the circular "run ledger init"); that command,
 	// run as given, makes it, and ledger init then succeeds.
 	nodb := pg.URL("postgres", db+"_missing")
-	for _, args := range [][]string{{"ledger", "init", "--ledger", nodb}, {"ledger", "--ledger", nodb}} {
+	for _, args := range [][]string{{"ledger", "init", "--ledger", nodb}, {"ledger", "--ledger", nodb},
+		{"ssh", "--ledger", nodb, "--id", "nodb-run", "host.invalid", "--", "true"}} {
 		code, out := runBin(args...)
 		if code != 78 || !strings.Contains(out, `no database "`+db+`_missing"`) || !strings.Contains(out, "hint: create the database first") ||
 			strings.Contains(out, "run 'agent-wrap ledger init' with this --ledger once") {
