@@ -200,6 +200,24 @@ type Dir struct {
 // Close releases the directory's descriptor.
 func (d *Dir) Close() error { return unix.Close(d.fd) }
 
+// Holds reports whether d is still the run directory ROOT/ID: not removed
+// (a directory removed while open has no links) and not replaced by another
+// directory of that name. Any error other than the name being gone counts
+// as held: only a sure answer says a run's directory is gone.
+func (r *Root) Holds(d *Dir) bool {
+	var open, named unix.Stat_t
+	if err := unix.Fstat(d.fd, &open); err != nil {
+		return true
+	}
+	if open.Nlink == 0 {
+		return false
+	}
+	if err := unix.Fstatat(r.fd, d.ID, &named, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err != unix.ENOENT && err != unix.ENOTDIR
+	}
+	return open.Dev == named.Dev && open.Ino == named.Ino
+}
+
 // FD is the directory's descriptor, for *at system calls.
 func (d *Dir) FD() int { return d.fd }
 

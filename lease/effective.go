@@ -1,0 +1,61 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+// Effective returns the run's deadline as its journal has it: the
+// deadline_epoch of the last lease_renewed line, else of the started line.
+// The journal is the lease's record; deadline_epoch is a copy of it for
+// readers, written after the journal line (Renew), so a deadline_epoch that
+// says otherwise (a hand-written later deadline, a torn file) never moves
+// the deadline: it is ignored, and note says so. Only where the journal
+// names no deadline yet (a run still starting, or a journal that lost its
+// lines) is deadline_epoch read instead (ReadDeadline, with its errors).
+// A run without a lease is ErrNoDeadline.
+func Effective(d *rundir.Dir) (epoch int64, note string, err error) {
+	fileDL, ferr := ReadDeadline(d)
+	jdl, ok := journaled(d)
+	if !ok {
+		return fileDL, "", ferr
+	}
+	switch {
+	case jdl == 0 && errors.Is(ferr, ErrNoDeadline):
+		return 0, "", ErrNoDeadline
+	case jdl == 0:
+		note = "deadline_epoch exists, but the run was started without a lease: ignored"
+		return 0, note, ErrNoDeadline
+	case ferr != nil:
+		note = fmt.Sprintf("deadline_epoch is unreadable (%v); the journal's deadline %d stands", ferr, jdl)
+	case fileDL != jdl:
+		note = fmt.Sprintf("deadline_epoch says %d (%s), but the journal's last deadline is %d (%s): deadline_epoch is ignored; a lease moves only by renew, and an expired one never",
+			fileDL, time.Unix(fileDL, 0).UTC().Format(time.RFC3339), jdl, time.Unix(jdl, 0).UTC().Format(time.RFC3339))
+	}
+	return jdl, note, nil
+}
+
+// journaled returns the deadline of the journal's last started or
+// lease_renewed line (0: started without a lease); ok is false when the
+// journal has neither.
+func journaled(d *rundir.Dir) (int64, bool) {
+	f, err := d.OpenFile(rundir.EventsFile, os.O_RDONLY, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	es := journal.Evidence(f, "started", "lease_renewed")
+	if len(es) == 0 {
+		return 0, false
+	}
+	v, ok := es[len(es)-1].Fields["deadline_epoch"].(float64)
+	if !ok || v < 0 {
+		return 0, false
+	}
+	return int64(v), true
+}
