@@ -79,10 +79,10 @@ func (w *Writer) Reserve() error {
 	defer w.mu.Unlock()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(w.file.Fd()), &st); err != nil {
-		return fmt.Errorf("%w: %v", ErrNoReserve, &os.PathError{Op: "fstat", Path: w.file.Name(), Err: err})
+		return fmt.Errorf("%w: %w", ErrNoReserve, &os.PathError{Op: "fstat", Path: w.file.Name(), Err: err})
 	}
 	if err := fallocate(int(w.file.Fd()), st.Size, ReserveBytes); err != nil {
-		return fmt.Errorf("%w: %v", ErrNoReserve, &os.PathError{Op: "fallocate", Path: w.file.Name(), Err: err})
+		return fmt.Errorf("%w: %w", ErrNoReserve, &os.PathError{Op: "fallocate", Path: w.file.Name(), Err: err})
 	}
 	return nil
 }

@@ -14,8 +14,9 @@ import (
 // deadline_epoch of the last lease_renewed line, else of the started line.
 // The journal is the lease's record; deadline_epoch is a copy of it for
 // readers, written after the journal line (Renew), so a deadline_epoch that
-// says otherwise (a hand-written later deadline, a torn file) never moves
-// the deadline: it is ignored, and note says so. Only where the journal
+// is later (a hand-written deadline) or unreadable never moves the
+// deadline: it is ignored, and note says so. One that is earlier stands (a
+// run ends sooner, never later, than either says), with a note. Only where the journal
 // names no deadline yet (a run still starting, or a journal that lost its
 // lines) is deadline_epoch read instead (ReadDeadline, with its errors).
 // A run without a lease is ErrNoDeadline.
@@ -33,9 +34,15 @@ func Effective(d *rundir.Dir) (epoch int64, note string, err error) {
 		return 0, note, ErrNoDeadline
 	case ferr != nil:
 		note = fmt.Sprintf("deadline_epoch is unreadable (%v); the journal's deadline %d stands", ferr, jdl)
-	case fileDL != jdl:
-		note = fmt.Sprintf("deadline_epoch says %d (%s), but the journal's last deadline is %d (%s): deadline_epoch is ignored; a lease moves only by renew, and an expired one never",
+	case fileDL > jdl:
+		note = fmt.Sprintf("deadline_epoch says %d (%s), later than the journal's last deadline %d (%s): deadline_epoch is ignored; a lease moves only by renew, and an expired one never",
 			fileDL, time.Unix(fileDL, 0).UTC().Format(time.RFC3339), jdl, time.Unix(jdl, 0).UTC().Format(time.RFC3339))
+	case fileDL < jdl:
+		// An earlier deadline ends the run sooner, the safe side: a
+		// renewal whose line was torn, or whose file write failed, is
+		// not trusted to have moved the lease.
+		note = fmt.Sprintf("deadline_epoch says %d, earlier than the journal's last deadline %d: the earlier stands", fileDL, jdl)
+		return fileDL, note, nil
 	}
 	return jdl, note, nil
 }

@@ -25,6 +25,10 @@ type Options struct {
 	By     string        // "cancel" or "watchdog", journaled
 	Fields journal.Fields
 	Diag   io.Writer
+	// IntentUnrecorded says an earlier stop of this run went ahead while
+	// its intent could not be journaled: the final record says so, and
+	// the journal too.
+	IntentUnrecorded bool
 }
 
 // Report is what an outside stop did.
@@ -55,7 +59,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if o.Diag == nil {
 		o.Diag = io.Discard
 	}
-	rep := &Report{}
+	rep := &Report{IntentUnrecorded: o.IntentUnrecorded}
 	unlock, err := d.Lock()
 	if err != nil {
 		return nil, err

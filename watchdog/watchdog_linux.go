@@ -60,6 +60,12 @@ type Options struct {
 	// Diag receives what a stop could not do on its way (a journal line it
 	// could not write, say); nil discards it.
 	Diag io.Writer
+
+	// unrecorded holds the runs a pass stopped without their intent on
+	// record and whose final record could not be written (a read-only
+	// file system): a later pass of the same service records the gap
+	// when it can write again. Serve sets it.
+	unrecorded map[string]bool
 }
 
 // Pass looks at every run under root once and stops each whose deadline has
@@ -159,7 +165,16 @@ func check(root *rundir.Root, id string, o Options) *Action {
 		By:     "watchdog",
 		Fields: journal.Fields{"deadline_epoch": dl},
 		Diag:   o.Diag,
+
+		IntentUnrecorded: o.unrecorded[id],
 	})
+	if o.unrecorded != nil {
+		if rep != nil && rep.IntentUnrecorded && err != nil {
+			o.unrecorded[id] = true
+		} else if err == nil {
+			delete(o.unrecorded, id)
+		}
+	}
 	if err != nil && (rep == nil || rep.Record == nil) {
 		return &Action{RunID: id, Action: "refused", Deadline: dl, State: rec.State, Reason: err.Error(), Note: note}
 	}

@@ -26,6 +26,7 @@ func (s *supervisor) wait(deadline int64) string {
 	// reaps orphans even if a SIGCHLD was coalesced with another.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	seen := deadline // deadline_epoch as last read
 
 	if s.pollLeader() {
 		return s.cancelledMeanwhile()
@@ -76,11 +77,17 @@ func (s *supervisor) wait(deadline int64) string {
 			if timer != nil {
 				// A renewal may also shorten the lease (renew --lease 1s
 				// ends a run on demand): the timer is moved up to the new
-				// deadline, where checkLease decides under the lock.
-				if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
-					deadline = dl
-					timer.Reset(time.Until(time.Unix(dl, 0)))
-					s.deadlineMoved(dl)
+				// deadline, where checkLease decides under the lock. The
+				// file is the cheap look; when it changes, the journal
+				// says what the deadline is (lease.Effective), so a
+				// hand-written file moves nothing later.
+				if dl, err := lease.ReadDeadline(s.d); err == nil && dl != seen {
+					seen = dl
+					if eff, _, err := lease.Effective(s.d); err == nil && eff < deadline {
+						deadline = eff
+						timer.Reset(time.Until(time.Unix(eff, 0)))
+						s.deadlineMoved(eff)
+					}
 				}
 			}
 		}

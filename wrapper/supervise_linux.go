@@ -136,7 +136,7 @@ func Run(cfg Config) (*Result, error) {
 // record could not be written and synced, or its journal space reserved (a
 // full disk at the claim): the job was not started, and the run directory
 // was removed, so the ID is free again.
-var ErrClaim = errors.New("cannot record the run, so it was not started")
+var ErrClaim = errors.New("cannot record the run")
 
 // claim writes what must be on disk before the job may start: the
 // journal, with the space a stop's lines need reserved (journal.Reserve),
@@ -185,10 +185,10 @@ func (s *supervisor) claim() (int64, error) {
 		deadline = lease.DeadlineAfter(time.Now(), cfg.Lease)
 	}
 	if err := s.reserveJournal(); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrClaim, err)
+		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
 	}
 	if err := s.writeFirstRecords(deadline); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrClaim, err)
+		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
 	}
 	created := journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart, "boot_id": boot,
 		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}
@@ -196,7 +196,7 @@ func (s *supervisor) claim() (int64, error) {
 		created["cgroup"] = s.rec.Cgroup
 	}
 	if err := s.appendJournal("created", created, false); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrClaim, err)
+		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
 	}
 	return deadline, nil
 }
