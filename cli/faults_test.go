@@ -25,15 +25,6 @@ import (
 // at its rename) and check that the lease is still the last word: the job is
 // stopped, and the record tells what happened.
 
-// expireLease ends a run's lease on demand (renew --lease 1s) and waits
-// until the new deadline has passed.
-func expireLease(t *testing.T, root string, r runtest.Run) time.Time {
-	t.Helper()
-	dl := endLease(t, root, r)
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
-	return dl
-}
-
 // watchdogOnce runs watchdog --once and returns its actions by run ID.
 func watchdogOnce(t *testing.T, root string) map[string]watchdog.Action {
 	t.Helper()
@@ -139,13 +130,11 @@ func TestFullDiskAtClaimStartsNothing(t *testing.T) {
 // final lines in the journal (space reserved at the claim) and the final
 // record written (in place); a second watchdog pass adds no second intent.
 func TestFullDiskMidRunStillStops(t *testing.T) {
-	job := func(mnt string) []string {
-		return []string{"sh", "-c", "head -c 64M /dev/zero; exec sleep 300"}
-	}
+	job := []string{"sh", "-c", "head -c 64M /dev/zero; exec sleep 300"}
 	t.Run("wrapper", func(t *testing.T) {
 		mnt := runtest.Tmpfs(t, 4<<20)
 		root := filepath.Join(mnt, "runs")
-		c, r := startRun(t, root, "fillw", append([]string{"--lease", "5m", "--grace", "1s", "--no-stream", "fillw", "--"}, job(mnt)...)...)
+		c, r := startRun(t, root, "fillw", append([]string{"--lease", "5m", "--grace", "1s", "--no-stream", "fillw", "--"}, job...)...)
 		rec := r.WaitState(t, statusfile.Running)
 		runtest.Eventually(t, "the job to fill the disk", func() bool { return full(t, mnt) })
 		endLease(t, root, r)
@@ -168,9 +157,17 @@ func TestFullDiskMidRunStillStops(t *testing.T) {
 	t.Run("watchdog", func(t *testing.T) {
 		mnt := runtest.Tmpfs(t, 4<<20)
 		root := filepath.Join(mnt, "runs")
-		r, rec := startOrphan(t, root, "fillwd", job(mnt)...)
+		// The job fills the disk once told to, after the lease was
+		// ended: the renewal is not what meets the full disk here, the
+		// stop's record is.
+		gate := filepath.Join(t.TempDir(), "go")
+		r, rec := startOrphan(t, root, "fillwd", "sh", "-c", "while [ ! -e "+gate+" ]; do sleep 0.05; done; head -c 64M /dev/zero; exec sleep 300")
+		dl := endLease(t, root, r)
+		if err := os.WriteFile(gate, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 		runtest.Eventually(t, "the job to fill the disk", func() bool { return full(t, mnt) })
-		expireLease(t, root, r)
+		runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
 		acts := watchdogOnce(t, root)
 		if a := acts["fillwd"]; a.Action != "stopped" {
 			t.Fatalf("watchdog on a full disk: %+v", acts)
@@ -242,7 +239,10 @@ func TestTornJournalStillStops(t *testing.T) {
 func TestReadOnlyRootStillStops(t *testing.T) {
 	mnt := runtest.Tmpfs(t, 16<<20)
 	root := filepath.Join(mnt, "runs")
-	r, rec := startOrphan(t, root, "ro", "sh", "-c", "sleep 300 & sleep 300 & wait")
+	// The job lets go of its logs: a file system with a file open for
+	// writing cannot be remounted read-only (a failing disk's emergency
+	// remount can, but a test cannot make one).
+	r, rec := startOrphan(t, root, "ro", "sh", "-c", "exec >/dev/null 2>&1; sleep 300 & sleep 300 & wait")
 	watchdogOnce(t, root) // makes the watchdog's lock file while it can
 	endLease(t, root, r)
 	runtest.Remount(t, mnt, true)
