@@ -29,7 +29,9 @@ var ErrUnreadable = errors.New("the run's record is unreadable and cannot be reb
 // agree with it. The rebuilt record has Rebuilt set and is not written: the
 // caller that acts on it writes it. The error is the read's, wrapped in
 // ErrUnreadable, when there is not enough to rebuild from (no created line,
-// no boot to check the PIDs against, pid files that disagree).
+// no boot to check the PIDs against, pid files that disagree); a missing
+// status.json that cannot be rebuilt is the read's error as it is (a run
+// being created).
 func ReadOrRebuild(d *rundir.Dir) (*Record, error) {
 	rec, err := Read(d)
 	if err == nil {
@@ -40,7 +42,7 @@ func ReadOrRebuild(d *rundir.Dir) (*Record, error) {
 	}
 	rebuilt, rerr := rebuild(d)
 	if rerr != nil {
-		if errors.Is(err, os.ErrNotExist) && errors.Is(rerr, errNotCreated) {
+		if errors.Is(err, os.ErrNotExist) {
 			return nil, err // a run being created: its record comes next
 		}
 		return nil, fmt.Errorf("%w: %v; %v", ErrUnreadable, err, rerr)
