@@ -178,4 +178,3 @@ func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 	}
 	return seq + 1, nil
 }
-
