@@ -244,18 +244,24 @@ func TestReadOnlyRootStillStops(t *testing.T) {
 	// remount can, but a test cannot make one).
 	r, rec := startOrphan(t, root, "ro", "sh", "-c", "exec >/dev/null 2>&1; sleep 300 & sleep 300 & wait")
 	watchdogOnce(t, root) // makes the watchdog's lock file while it can
-	endLease(t, root, r)
+	dl := endLease(t, root, r)
 	runtest.Remount(t, mnt, true)
 	t.Cleanup(func() { unix.Mount("tmpfs", mnt, "tmpfs", unix.MS_REMOUNT, "") })
 	if err := os.WriteFile(filepath.Join(root, "probe"), nil, 0o600); err == nil {
 		t.Fatal("the root is still writable")
 	}
-	wd := runtest.Start(t, root, "watchdog", "--interval", "0.2s")
-	stopped := false
+	const interval = 200 * time.Millisecond
+	wd := runtest.Start(t, root, "watchdog", "--interval", interval.String())
+	var gone time.Time
 	runtest.Eventually(t, "the watchdog to stop the run on a read-only root", func() bool {
-		stopped = len(runtest.GroupOf(rec.PGID, rec.LeaderStart)) == 0
-		return stopped
+		gone = time.Now()
+		return len(runtest.GroupOf(rec.PGID, rec.LeaderStart)) == 0
 	})
+	// The lease is the last word: deadline + grace + one interval + 3 s
+	// (and the 50 ms this test may take to look again).
+	if bound := dl.Add(time.Second + interval + 3*time.Second + 50*time.Millisecond); gone.After(bound) {
+		t.Fatalf("the job was seen gone at %s, %v after the bound %s", gone.Format(time.RFC3339Nano), gone.Sub(bound), bound.Format(time.RFC3339Nano))
+	}
 	runtest.Eventually(t, "the watchdog to say so", func() bool { return strings.Contains(wd.Stdout.String(), `"action":"stopped"`) })
 	if a := parseActions(t, firstLine(wd.Stdout.String()))["ro"]; a.Action != "stopped" || !strings.Contains(a.Reason, "intent_unrecorded") {
 		t.Fatalf("watchdog's action on a read-only root: %+v", a)

@@ -3,6 +3,7 @@ package wrapper
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -164,25 +165,28 @@ func (s *supervisor) writeFirstRecords(deadline int64) error {
 
 // reserveJournal opens the run's journal and reserves the space a stop's
 // lines need (journal.Writer.Reserve), so that a disk the job fills cannot
-// silence its stop. A file system that cannot reserve at all (no
-// fallocate) is warned about, and the run goes on; one that is full
-// fails the claim.
-func (s *supervisor) reserveJournal() error {
+// silence its stop. On a file system that cannot reserve at all (no
+// fallocate) the run goes on, and its created line says so (not stderr:
+// that is the job's stream); one that is full fails the claim. It returns
+// what the created line should say about the reserve.
+func (s *supervisor) reserveJournal() (string, error) {
 	s.journalMu.Lock()
 	defer s.journalMu.Unlock()
 	if s.jw == nil {
 		w, err := journal.Open(s.d)
 		if err != nil {
-			return err
+			return "", err
 		}
 		s.jw = w
 	}
 	err := s.jw.Reserve()
 	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS)) {
-		s.warn("%v (the journal's space is not reserved on this file system)", err)
-		return nil
+		return "unsupported by the file system", nil
 	}
-	return err
+	if err != nil {
+		return "", err
+	}
+	return strconv.Itoa(journal.ReserveBytes), nil
 }
 
 // appendJournal is the wrapper's one way to the journal: through the run's

@@ -184,13 +184,14 @@ func (s *supervisor) claim() (int64, error) {
 	if cfg.Lease > 0 {
 		deadline = lease.DeadlineAfter(time.Now(), cfg.Lease)
 	}
-	if err := s.reserveJournal(); err != nil {
+	reserved, err := s.reserveJournal()
+	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
 	}
 	if err := s.writeFirstRecords(deadline); err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
 	}
-	created := journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart, "boot_id": boot,
+	created := journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart, "boot_id": boot, "reserved": reserved,
 		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}
 	if s.rec.Cgroup != "" {
 		created["cgroup"] = s.rec.Cgroup
