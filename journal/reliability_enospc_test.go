@@ -139,3 +139,40 @@ func TestReserveKeepsRoomForAStopOnAFullDisk(t *testing.T) {
 		}
 	}
 }
+
+// Appends keep the reserve topped up: a run that journals more than the
+// first reserve before the disk fills (renewals, agent requests) still has
+// room for its stop's lines afterwards.
+func TestAppendsKeepTheReserve(t *testing.T) {
+	mnt := runtest.Tmpfs(t, 512<<10)
+	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	d, err := root.Create("topped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	w, err := journal.Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Reserve(); err != nil {
+		t.Fatal(err)
+	}
+	pad := strings.Repeat("r", 1000)
+	for i := 0; i < 3*journal.ReserveBytes/1000; i++ { // three reserves' worth
+		if _, err := w.Append("lease_renewed", journal.Fields{"pad": pad}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtest.Fill(t, mnt)
+	for i := 0; i < 6; i++ {
+		if _, err := journal.Append(d, "signal_sent", journal.Fields{"pad": pad}, true); err != nil {
+			t.Fatalf("line %d of the stop on a full disk: %v (the reserve was not kept)", i+1, err)
+		}
+	}
+}
