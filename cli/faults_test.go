@@ -115,6 +115,15 @@ func TestFullDiskAtClaimStartsNothing(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(root, "claim1")); !os.IsNotExist(err) {
 		t.Fatalf("the run directory was left behind (%v): the ID is used up", err)
 	}
+	// --detach: the supervisor's claim fails the same way, and its code
+	// is the answer.
+	code, _, stderr = aw(t, root, "run", "--detach", "claim2", "--", "touch", marker)
+	if code != 125 || !strings.Contains(stderr, "full") {
+		t.Fatalf("run --detach on a full disk: exit %d, want 125\n%s", code, stderr)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "claim2")); !os.IsNotExist(err) {
+		t.Fatalf("run --detach left its run directory (%v)", err)
+	}
 	os.Remove(filler)
 	code, _, stderr = aw(t, root, "run", "claim1", "--", "touch", marker)
 	if code != 0 {
