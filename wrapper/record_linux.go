@@ -72,23 +72,23 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 	return &Result{Record: &out, Code: r.Code()}
 }
 
-// writeRecord replaces status.json under the run's lock.
-func (s *supervisor) writeRecord(durable bool) {
+// writeRecord replaces status.json under the run's lock, and reports
+// whether it was written.
+func (s *supervisor) writeRecord(durable bool) bool {
 	unlock, err := s.d.Lock()
 	if err != nil {
 		s.warn("cannot lock the run: %v", err)
-		s.writeRecordLocked(durable)
-		return
+		return s.writeRecordLocked(durable)
 	}
 	defer unlock()
-	s.writeRecordLocked(durable)
+	return s.writeRecordLocked(durable)
 }
 
 // writeRecordLocked replaces status.json; the caller holds the lock. A
 // cancel recorded by another process (state cancelling) is kept, and a
 // terminal record is never replaced.
-func (s *supervisor) writeRecordLocked(durable bool) {
-	s.replaceRecord(s.readRecord(), durable)
+func (s *supervisor) writeRecordLocked(durable bool) bool {
+	return s.replaceRecord(s.readRecord(), durable)
 }
 
 // readRecord reads status.json as it is on disk; nil if it cannot be read.
