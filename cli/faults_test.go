@@ -354,6 +354,13 @@ func TestHandWrittenDeadlineRevivesNothing(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "revive", "--lease", "5m", "--grace", "1s", "--no-stream", "revive", "--", "sleep", "300")
 	rec := r.WaitState(t, statusfile.Running)
+	// The wrapper is stopped while the lease is ended and the later
+	// deadline written, so what it finds when it goes on is both, whatever
+	// the machine's load.
+	if err := unix.Kill(rec.WrapperPID, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Kill(rec.WrapperPID, unix.SIGCONT) })
 	endLease(t, root, r)
 	later := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10) + "\n"
 	path := filepath.Join(r.Dir(), "deadline_epoch")
@@ -361,6 +368,9 @@ func TestHandWrittenDeadlineRevivesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.Rename(path+".hand", path); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(rec.WrapperPID, unix.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	if code := c.Wait(t); code != 124 {
