@@ -9,7 +9,12 @@
 // line under that lock (a Writer that made the last line itself knows it),
 // so seq and prev are always right. An append with
 // sync set is fsynced before Append returns: that is how an intent is on disk
-// before the first signal is sent. The journal never holds environment
+// before the first signal is sent. The claim reserves space beyond the
+// journal's end (Writer.Reserve) and appends keep it reserved, so a full
+// disk cannot silence a stop; a torn last line is recorded (journal_torn)
+// and stepped over, never a reason to refuse a line. A run's record carries
+// the journal's last line when it was written (Mark), which VerifyMark
+// checks, so a journal cut at a line boundary is caught. The journal never holds environment
 // values, tokens or command output: callers pass only the fields named in
 // docs/reference.md.
 package journal

@@ -4,9 +4,13 @@
 // Guarantees: Write replaces the file atomically (a temp file in the run
 // directory, fsynced, renamed), so a reader sees the previous record
 // or the new one, never a torn one; with durable set the directory is fsynced
-// as well, so the record survives a crash of the host. Parse rejects anything
+// as well, so the record survives a crash of the host. The exception is a
+// full file system, where the record is overwritten in place so that it
+// lands at all (a reader may then meet a torn one). Parse rejects anything
 // that is not a complete schema-1 record, so a half-written or foreign file
-// is an error, never a record.
+// is an error, never a record; ReadOrRebuild (Linux) then rebuilds the
+// record from the run's journal and pid files, for those who must act on
+// it.
 package statusfile
 
 import (
