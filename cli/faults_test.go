@@ -353,8 +353,9 @@ func TestTornRecordStillStops(t *testing.T) {
 }
 
 // A deadline_epoch written by hand, later than the journal's last deadline,
-// revives nothing: the wrapper stops the run at the journal's deadline and
-// says the file was ignored, and renew is refused.
+// revives nothing: authorize refuses the job's processes past the journal's
+// deadline, the wrapper stops the run at it and says the file was ignored,
+// and renew is refused.
 func TestHandWrittenDeadlineRevivesNothing(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "revive", "--lease", "5m", "--grace", "1s", "--no-stream", "revive", "--", "sleep", "300")
@@ -366,7 +367,7 @@ func TestHandWrittenDeadlineRevivesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Kill(rec.WrapperPID, unix.SIGCONT) })
-	endLease(t, root, r)
+	dl := endLease(t, root, r)
 	later := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10) + "\n"
 	path := filepath.Join(r.Dir(), "deadline_epoch")
 	if err := os.WriteFile(path+".hand", []byte(later), 0o600); err != nil {
@@ -374,6 +375,13 @@ func TestHandWrittenDeadlineRevivesNothing(t *testing.T) {
 	}
 	if err := os.Rename(path+".hand", path); err != nil {
 		t.Fatal(err)
+	}
+	// Past the journal's deadline, with the wrapper still stopped, no
+	// authority is revived either: authorize refuses the job.
+	runtest.Eventually(t, "the journal's deadline to pass", func() bool { return time.Now().After(dl) })
+	code, out, _ := aw(t, root, "authorize", "--pid", strconv.Itoa(rec.PID))
+	if code != 1 || !strings.Contains(out, "lease_expired") {
+		t.Fatalf("authorize past the journal's deadline: exit %d: %s", code, out)
 	}
 	if err := unix.Kill(rec.WrapperPID, unix.SIGCONT); err != nil {
 		t.Fatal(err)

@@ -280,3 +280,33 @@ func mustOpen(t *testing.T, path string) *os.File {
 	t.Cleanup(func() { f.Close() })
 	return f
 }
+
+// Last finds the last line of the named events reading backwards, across
+// chunk boundaries and past torn or foreign lines, and says when there is
+// none.
+func TestLast(t *testing.T) {
+	d := newDir(t)
+	pad := strings.Repeat("x", 3000)
+	Append(d, "started", Fields{"deadline_epoch": 1}, false)
+	for i := 0; i < 100; i++ { // ~300 KiB: several chunks
+		Append(d, "action", Fields{"pad": pad, "i": i}, false)
+		if i == 40 {
+			Append(d, "lease_renewed", Fields{"deadline_epoch": 2, "pad": pad}, false)
+		}
+	}
+	f, _ := os.OpenFile(filepath.Join(d.Path, rundir.EventsFile), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"seq":999,"event":"lease_renewed","deadline_epoch":9`) // torn
+	f.Close()
+	r := mustOpen(t, filepath.Join(d.Path, rundir.EventsFile))
+	fi, _ := r.Stat()
+	e, ok := Last(r, fi.Size(), "started", "lease_renewed")
+	if !ok || e.Event != "lease_renewed" || e.Fields["deadline_epoch"] != float64(2) {
+		t.Fatalf("Last: %+v %v", e, ok)
+	}
+	if e, ok := Last(r, fi.Size(), "started"); !ok || e.Seq != 1 {
+		t.Fatalf("Last started: %+v %v", e, ok)
+	}
+	if _, ok := Last(r, fi.Size(), "final"); ok {
+		t.Fatal("Last found a final line in a journal without one")
+	}
+}

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 
@@ -104,4 +105,62 @@ func Tail(d *rundir.Dir) Mark {
 		return Mark{}
 	}
 	return Mark{Seq: seq, Hash: hash}
+}
+
+// Last returns the last line of the journal in f, whose size is size, that
+// parses and whose event is one of events, reading backwards from the end
+// in chunks, so a long journal whose line is near its end (a lease's last
+// renewal) costs a read or two, not the whole file. ok is false when no
+// line matches.
+func Last(f io.ReaderAt, size int64, events ...string) (e Entry, ok bool) {
+	var want [][]byte
+	for _, ev := range events {
+		b, _ := json.Marshal(ev)
+		want = append(want, append([]byte(`"event":`), b...))
+	}
+	const chunk = 64 << 10
+	var carry []byte // the start of a line whose rest was read before
+	for end := size; end > 0; {
+		start := max(end-chunk, 0)
+		buf := make([]byte, end-start, end-start+int64(len(carry)))
+		if _, err := f.ReadAt(buf, start); err != nil && err != io.EOF {
+			return Entry{}, false
+		}
+		buf = append(buf, carry...)
+		end = start
+		// Every line that begins after the first newline is whole; what
+		// precedes it may continue a line that starts in the chunk before.
+		first := 0
+		if start > 0 {
+			i := bytes.IndexByte(buf, '\n')
+			if i < 0 {
+				carry = buf
+				continue
+			}
+			first = i + 1
+			carry = bytes.Clone(buf[:i])
+		}
+		lines := bytes.Split(buf[first:], []byte{'\n'})
+		for i := len(lines) - 1; i >= 0; i-- {
+			line := lines[i]
+			hit := false
+			for _, w := range want {
+				hit = hit || bytes.Contains(line, w)
+			}
+			if !hit {
+				continue
+			}
+			if e, err := ParseLine(line); err == nil {
+				for _, ev := range events {
+					if e.Event == ev {
+						return e, true
+					}
+				}
+			}
+		}
+		if start == 0 {
+			break
+		}
+	}
+	return Entry{}, false
 }

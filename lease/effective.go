@@ -56,11 +56,16 @@ func journaled(d *rundir.Dir) (int64, bool) {
 		return 0, false
 	}
 	defer f.Close()
-	es := journal.Evidence(f, "started", "lease_renewed")
-	if len(es) == 0 {
+	fi, err := f.Stat()
+	if err != nil {
 		return 0, false
 	}
-	v, ok := es[len(es)-1].Fields["deadline_epoch"].(float64)
+	// Read backwards: a live run's last renewal is near the journal's end.
+	e, found := journal.Last(f, fi.Size(), "started", "lease_renewed")
+	if !found {
+		return 0, false
+	}
+	v, ok := e.Fields["deadline_epoch"].(float64)
 	if !ok || v < 0 {
 		return 0, false
 	}
