@@ -130,7 +130,9 @@ func (g Gate) decide(a Action, rec *statusfile.Record, err error) (Decision, err
 		}
 	}
 	dec := Decision{RunID: d.ID, Decision: Refused}
-	deadline, derr := lease.ReadDeadline(d)
+	// The journal's deadline (lease.Effective): a deadline_epoch written
+	// later by hand revives no authority.
+	deadline, _, derr := lease.Effective(d)
 	if derr == nil {
 		dec.DeadlineEpoch = deadline
 	}

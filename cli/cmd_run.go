@@ -157,6 +157,10 @@ func runRun(e *Env, args []string) int {
 		if errors.Is(err, rundir.ErrUnsafe) {
 			return ExitUnsafeRoot
 		}
+		if rundir.NoSpace(err) {
+			e.hint("the file system of %s is full: the job did not run, its run directory was removed and the ID %s is free; free some space and run it again", root.Path, id)
+			return ExitCannot
+		}
 		e.hint("the job did not run and can be run again under the same ID once %s is writable (and has space), or choose another run root with --root DIR", root.Path)
 		return ExitCannot
 	}

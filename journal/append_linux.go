@@ -1,9 +1,8 @@
 package journal
 
 import (
-	"bytes"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sync"
 	"time"
@@ -59,6 +58,44 @@ func Open(d *rundir.Dir) (*Writer, error) {
 // Close closes the journal's descriptor.
 func (w *Writer) Close() error { return w.file.Close() }
 
+// ReserveBytes is the journal space the claim reserves beyond the end of
+// events.jsonl (Reserve), and that every append keeps reserved: room for
+// the intent, the signals and the final line of a stop, dozens of lines,
+// when the job's own output has filled the file system.
+const ReserveBytes = 16 << 10
+
+// ErrNoReserve is returned (wrapped, with the cause) by Reserve when the
+// journal's space cannot be set aside: the file system is full, or does not
+// support fallocate.
+var ErrNoReserve = errors.New("cannot reserve journal space")
+
+// Reserve sets aside ReserveBytes beyond the journal's end with
+// fallocate(FALLOC_FL_KEEP_SIZE) (Linux 2.6.23; tmpfs 3.5): the blocks are
+// the file's, its size does not change, and later appends write into them
+// where a full file system would refuse new ones. The claim calls it before
+// the job starts, so a full disk cannot silence a stop.
+func (w *Writer) Reserve() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(w.file.Fd()), &st); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoReserve, &os.PathError{Op: "fstat", Path: w.file.Name(), Err: err})
+	}
+	if err := fallocate(int(w.file.Fd()), st.Size, ReserveBytes); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoReserve, &os.PathError{Op: "fallocate", Path: w.file.Name(), Err: err})
+	}
+	return nil
+}
+
+func fallocate(fd int, off, n int64) error {
+	for {
+		err := unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, off, n)
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
 // Append adds one event. Appends from several processes are serialised with
 // flock on the journal file; each reads the journal's current last line
 // under that lock (or knows it, see Writer), so seq and prev are always
@@ -66,6 +103,14 @@ func (w *Writer) Close() error { return w.file.Close() }
 // exists from the run's creation, so its directory entry is already
 // durable). A write that fails part-way (ENOSPC) is cut back off: no torn
 // line stays. Append returns the entry's seq.
+//
+// A last line that is torn (no newline: a writer died mid-line, or the file
+// was cut) or does not parse is not chained to and does not block the
+// journal: Append ends it with a newline and first writes a journal_torn
+// line (fields line, bytes, reason) whose seq follows it and whose prev is
+// its hash, so every line after it chains as usual and verify names the torn
+// one. Space used by an append is reserved again (ReserveBytes) when less
+// than half of it is left.
 func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -88,19 +133,32 @@ func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 	}
 	size := st.Size
 	seq, prev := w.seq, w.prev
+	var torn *tornLine
 	if size != w.end {
-		if seq, prev, err = tail(file, size); err != nil {
+		if seq, prev, torn, err = tail(file, size); err != nil {
 			return 0, fmt.Errorf("journal %s: %w", file.Name(), err)
 		}
 	}
 	at, mono := now()
+	var out []byte
+	if torn != nil {
+		if !torn.newline {
+			out = append(out, '\n')
+		}
+		tl, err := encode(torn.line+1, at, mono, "journal_torn", Fields{"line": torn.line, "bytes": len(torn.text), "reason": torn.reason}, Hash(torn.text))
+		if err != nil {
+			return 0, err
+		}
+		out = append(append(out, tl...), '\n')
+		seq, prev = torn.line+1, Hash(tl)
+	}
 	line, err := encode(seq+1, at, mono, event, f, prev)
 	if err != nil {
 		return 0, err
 	}
 	hash := Hash(line)
-	line = append(line, '\n')
-	if _, err := file.Write(line); err != nil {
+	out = append(append(out, line...), '\n')
+	if _, err := file.Write(out); err != nil {
 		// A full file system can take part of the line before it fails
 		// (ENOSPC): cut it off again, under the lock, so the journal never
 		// keeps a torn line that would block every later append.
@@ -108,45 +166,15 @@ func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 		w.end = -1
 		return 0, fmt.Errorf("journal %s: %w", event, err)
 	}
-	w.end, w.seq, w.prev = size+int64(len(line)), seq+1, hash
+	end := size + int64(len(out))
+	w.end, w.seq, w.prev = end, seq+1, hash
+	if st.Blocks*512-end < ReserveBytes/2 {
+		_ = fallocate(fd, end, ReserveBytes) // best effort: a full disk keeps what is left
+	}
 	if sync {
 		if err := file.Sync(); err != nil {
 			return 0, fmt.Errorf("journal %s: %w", event, err)
 		}
 	}
 	return seq + 1, nil
-}
-
-// tail returns the seq and hash of the last line of the journal, whose size
-// is size (0, "" when empty). A last line without a newline is a torn write: it is refused, so
-// no new line is ever chained to half a line.
-func tail(f *os.File, size int64) (int64, string, error) {
-	if size == 0 {
-		return 0, "", nil
-	}
-	// Read backwards in growing chunks until the chunk holds a whole line.
-	chunk := int64(4096)
-	for {
-		if chunk > size {
-			chunk = size
-		}
-		buf := make([]byte, chunk)
-		if _, err := f.ReadAt(buf, size-chunk); err != nil && err != io.EOF {
-			return 0, "", err
-		}
-		if buf[len(buf)-1] != '\n' {
-			return 0, "", fmt.Errorf("last line has no newline (a torn write); run 'agent-wrap verify' on the run")
-		}
-		body := buf[:len(buf)-1]
-		i := bytes.LastIndexByte(body, '\n')
-		if i >= 0 || chunk == size {
-			line := body[i+1:]
-			e, err := ParseLine(line)
-			if err != nil {
-				return 0, "", fmt.Errorf("last line does not parse: %v", err)
-			}
-			return e.Seq, Hash(line), nil
-		}
-		chunk *= 4
-	}
 }

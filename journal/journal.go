@@ -9,7 +9,12 @@
 // line under that lock (a Writer that made the last line itself knows it),
 // so seq and prev are always right. An append with
 // sync set is fsynced before Append returns: that is how an intent is on disk
-// before the first signal is sent. The journal never holds environment
+// before the first signal is sent. The claim reserves space beyond the
+// journal's end (Writer.Reserve) and appends keep it reserved, so a full
+// disk cannot silence a stop; a torn last line is recorded (journal_torn)
+// and stepped over, never a reason to refuse a line. A run's record carries
+// the journal's last line when it was written (Mark), which VerifyMark
+// checks, so a journal cut at a line boundary is caught. The journal never holds environment
 // values, tokens or command output: callers pass only the fields named in
 // docs/reference.md.
 package journal
@@ -173,13 +178,31 @@ func (e *BadLineError) Error() string {
 // ErrEmpty is returned by Verify for a journal with no lines.
 var ErrEmpty = errors.New("journal is empty")
 
+// Mark names one line of a journal by its seq and the hash of its bytes: a
+// record carries the journal's last line as it was when the record was
+// written (journal_seq, journal_hash), so a journal cut at a line boundary,
+// which still chains, is told from a whole one.
+type Mark struct {
+	Seq  int64
+	Hash string
+}
+
 // Verify reads a whole journal and checks every line: it parses, its seq is
 // its line number, and its prev is the hash of the line before. It returns
 // the number of lines, and a *BadLineError for the first bad one.
 func Verify(r io.Reader) (int, error) {
+	return VerifyMark(r, Mark{})
+}
+
+// VerifyMark is Verify, and also checks that the journal holds the line m
+// names (m.Seq 0: no mark), with that hash: a journal cut after the mark's
+// line was written, at a line boundary or not, is broken, and the error
+// names its last line and the mark.
+func VerifyMark(r io.Reader, m Mark) (int, error) {
 	br := bufio.NewReader(r)
 	prev := ""
 	n := 0
+	var pending *BadLineError // a bad line, reported once the next is seen
 	for {
 		line, err := br.ReadBytes('\n')
 		if len(line) == 0 && err == io.EOF {
@@ -187,6 +210,9 @@ func Verify(r io.Reader) (int, error) {
 		}
 		n++
 		if err == io.EOF {
+			if pending != nil {
+				return n, pending
+			}
 			return n, &BadLineError{Line: n, Reason: "no trailing newline (a torn write)"}
 		}
 		if err != nil {
@@ -194,8 +220,17 @@ func Verify(r io.Reader) (int, error) {
 		}
 		line = line[:len(line)-1]
 		e, perr := ParseLine(line)
+		if pending != nil {
+			// The line after a bad one: a journal_torn line that names it
+			// says why it is bad.
+			if perr == nil && e.Event == "journal_torn" && lineField(e, "line") == int64(pending.Line) {
+				pending.Reason += fmt.Sprintf("; line %d (journal_torn) records it as torn, and the journal goes on from there", n)
+			}
+			return n, pending
+		}
 		if perr != nil {
-			return n, &BadLineError{Line: n, Reason: perr.Error()}
+			pending = &BadLineError{Line: n, Reason: perr.Error()}
+			continue
 		}
 		if e.Seq != int64(n) {
 			return n, &BadLineError{Line: n, Reason: fmt.Sprintf("seq is %d, want %d", e.Seq, n)}
@@ -204,11 +239,73 @@ func Verify(r io.Reader) (int, error) {
 			return n, &BadLineError{Line: n, Reason: "prev does not match the hash of the line before (edited, removed or reordered)"}
 		}
 		prev = Hash(line)
+		if m.Seq == int64(n) && prev != m.Hash {
+			return n, &BadLineError{Line: n, Reason: "the run's record names another line " + strconv.Itoa(n) + " (journal_hash differs): the journal was rewritten from here"}
+		}
+	}
+	if pending != nil {
+		return n, pending
 	}
 	if n == 0 {
 		return 0, ErrEmpty
 	}
+	if m.Seq > int64(n) {
+		return n, &BadLineError{Line: n + 1, Reason: fmt.Sprintf("missing: the journal ends at line %d, but the run's record was written after line %d (journal_seq): it was cut", n, m.Seq)}
+	}
 	return n, nil
+}
+
+// lineField reads an integer field of an entry (-1 when absent).
+func lineField(e Entry, k string) int64 {
+	if v, ok := e.Fields[k].(float64); ok {
+		return int64(v)
+	}
+	return -1
+}
+
+// Evidence parses the lines of a journal that parse, skipping those that
+// do not (a torn line, a garbled one), and keeps those whose event is one
+// of events (all when none is named). It does not check the chain: it is
+// for reading what a run's journal says when other files are unreadable.
+func Evidence(r io.Reader, events ...string) []Entry {
+	var out []Entry
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	var want [][]byte
+	for _, ev := range events {
+		b, _ := json.Marshal(ev)
+		want = append(want, append([]byte(`"event":`), b...))
+	}
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(want) > 0 {
+			hit := false
+			for _, w := range want {
+				if bytes.Contains(line, w) {
+					hit = true
+					break
+				}
+			}
+			if !hit {
+				continue
+			}
+		}
+		e, err := ParseLine(line)
+		if err != nil {
+			continue
+		}
+		if len(events) > 0 {
+			ok := false
+			for _, ev := range events {
+				ok = ok || e.Event == ev
+			}
+			if !ok {
+				continue
+			}
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // ReadAll parses every line of a journal, stopping at the first line that

@@ -112,15 +112,85 @@ func TestConcurrentAppends(t *testing.T) {
 	}
 }
 
-// A torn last line is never chained to: Append refuses it.
-func TestAppendRefusesTornTail(t *testing.T) {
+// A torn last line (a writer died mid-line, or the file was cut with
+// truncate -s -3) does not silence the journal: Append ends it, records it
+// with a journal_torn line chained to its bytes, and goes on. Verify still
+// names the torn line, and says that journal_torn records it.
+func TestAppendGoesOnPastATornTail(t *testing.T) {
+	for _, tc := range []struct{ name, garbage string }{
+		{"cut", `{"seq":2,"at`},
+		{"garbled", "not json at all\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDir(t)
+			Append(d, "a", nil, false)
+			f, _ := os.OpenFile(filepath.Join(d.Path, rundir.EventsFile), os.O_APPEND|os.O_WRONLY, 0)
+			f.WriteString(tc.garbage)
+			f.Close()
+			seq, err := Append(d, "b", nil, true)
+			if err != nil || seq != 4 {
+				t.Fatalf("Append after a torn line: seq %d, %v; want 4", seq, err)
+			}
+			if seq, err := Append(d, "c", nil, false); err != nil || seq != 5 {
+				t.Fatalf("the next Append: seq %d, %v; want 5", seq, err)
+			}
+			b, _ := os.ReadFile(filepath.Join(d.Path, rundir.EventsFile))
+			lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+			if len(lines) != 5 {
+				t.Fatalf("%d lines, want 5:\n%s", len(lines), b)
+			}
+			torn, err := ParseLine([]byte(lines[2]))
+			if err != nil || torn.Event != "journal_torn" || torn.Seq != 3 || torn.Prev != Hash([]byte(lines[1])) || torn.Fields["line"] != float64(2) {
+				t.Fatalf("line 3: %+v %v", torn, err)
+			}
+			_, err = Verify(bytes.NewReader(b))
+			var bad *BadLineError
+			if !errors.As(err, &bad) || bad.Line != 2 || !strings.Contains(bad.Reason, "journal_torn") {
+				t.Fatalf("Verify: %v; want line 2 named, with its journal_torn", err)
+			}
+			if es := Evidence(bytes.NewReader(b)); len(es) != 4 || es[3].Event != "c" {
+				t.Fatalf("Evidence: %+v", es)
+			}
+		})
+	}
+}
+
+// A journal cut at a line boundary still chains; the record's mark (the
+// last line when the record was written) tells it from a whole one.
+func TestVerifyMarkCatchesACutAtALineBoundary(t *testing.T) {
 	d := newDir(t)
-	Append(d, "a", nil, false)
-	f, _ := os.OpenFile(filepath.Join(d.Path, rundir.EventsFile), os.O_APPEND|os.O_WRONLY, 0)
-	f.WriteString(`{"seq":2,"at`)
-	f.Close()
-	if _, err := Append(d, "b", nil, false); err == nil || !strings.Contains(err.Error(), "torn") {
-		t.Fatalf("Append after a torn line: %v", err)
+	for _, ev := range []string{"created", "started", "leader_exited"} {
+		if _, err := Append(d, ev, nil, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := Tail(d)
+	if m.Seq != 3 || len(m.Hash) != 64 {
+		t.Fatalf("Tail: %+v", m)
+	}
+	Append(d, "final", nil, false)
+	b, _ := os.ReadFile(filepath.Join(d.Path, rundir.EventsFile))
+	if n, err := VerifyMark(bytes.NewReader(b), m); err != nil || n != 4 {
+		t.Fatalf("VerifyMark of a whole journal: %d, %v", n, err)
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	cut := strings.Join(lines[:2], "")
+	if n, err := Verify(strings.NewReader(cut)); err != nil || n != 2 {
+		t.Fatalf("Verify without a mark passes a cut journal: %d, %v", n, err)
+	}
+	_, err := VerifyMark(strings.NewReader(cut), m)
+	var bad *BadLineError
+	if !errors.As(err, &bad) || bad.Line != 3 || !strings.Contains(bad.Reason, "cut") {
+		t.Fatalf("VerifyMark of a journal cut after line 2: %v", err)
+	}
+	// A journal rewritten from the mark's line on, still chaining.
+	d2 := newDir(t)
+	for _, ev := range []string{"created", "started", "other"} {
+		Append(d2, ev, nil, false)
+	}
+	b2, _ := os.ReadFile(filepath.Join(d2.Path, rundir.EventsFile))
+	if _, err := VerifyMark(bytes.NewReader(b2), m); err == nil {
+		t.Fatal("VerifyMark passed another journal with the same length")
 	}
 }
 
@@ -178,8 +248,9 @@ func TestWriterInterleavedWithOthers(t *testing.T) {
 }
 
 // A Writer whose last line was followed by a torn one (another process
-// died mid-write) refuses to chain to it, like a one-line Append.
-func TestWriterRefusesTornTailAfterItsOwnLine(t *testing.T) {
+// died mid-write) does not chain to it: it reads the tail back, and writes
+// journal_torn first, like a one-line Append.
+func TestWriterGoesOnPastATornTailAfterItsOwnLine(t *testing.T) {
 	d := newDir(t)
 	w, err := Open(d)
 	if err != nil {
@@ -192,7 +263,50 @@ func TestWriterRefusesTornTailAfterItsOwnLine(t *testing.T) {
 	f, _ := os.OpenFile(filepath.Join(d.Path, rundir.EventsFile), os.O_APPEND|os.O_WRONLY, 0)
 	f.WriteString(`{"seq":2,"at`)
 	f.Close()
-	if _, err := w.Append("b", nil, false); err == nil || !strings.Contains(err.Error(), "torn") {
-		t.Fatalf("Append after a torn line: %v", err)
+	if seq, err := w.Append("b", nil, false); err != nil || seq != 4 {
+		t.Fatalf("Append after a torn line: seq %d, %v; want 4", seq, err)
+	}
+	es := Evidence(mustOpen(t, filepath.Join(d.Path, rundir.EventsFile)))
+	if len(es) != 3 || es[1].Event != "journal_torn" {
+		t.Fatalf("journal: %+v", es)
+	}
+}
+
+func mustOpen(t *testing.T, path string) *os.File {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// Last finds the last line of the named events reading backwards, across
+// chunk boundaries and past torn or foreign lines, and says when there is
+// none.
+func TestLast(t *testing.T) {
+	d := newDir(t)
+	pad := strings.Repeat("x", 3000)
+	Append(d, "started", Fields{"deadline_epoch": 1}, false)
+	for i := 0; i < 100; i++ { // ~300 KiB: several chunks
+		Append(d, "action", Fields{"pad": pad, "i": i}, false)
+		if i == 40 {
+			Append(d, "lease_renewed", Fields{"deadline_epoch": 2, "pad": pad}, false)
+		}
+	}
+	f, _ := os.OpenFile(filepath.Join(d.Path, rundir.EventsFile), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"seq":999,"event":"lease_renewed","deadline_epoch":9`) // torn
+	f.Close()
+	r := mustOpen(t, filepath.Join(d.Path, rundir.EventsFile))
+	fi, _ := r.Stat()
+	e, ok := Last(r, fi.Size(), "started", "lease_renewed")
+	if !ok || e.Event != "lease_renewed" || e.Fields["deadline_epoch"] != float64(2) {
+		t.Fatalf("Last: %+v %v", e, ok)
+	}
+	if e, ok := Last(r, fi.Size(), "started"); !ok || e.Seq != 1 {
+		t.Fatalf("Last started: %+v %v", e, ok)
+	}
+	if _, ok := Last(r, fi.Size(), "final"); ok {
+		t.Fatal("Last found a final line in a journal without one")
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
@@ -84,5 +85,94 @@ func TestAppendOnFullDisk(t *testing.T) {
 	}
 	if m := verify("space back"); m != n+1 {
 		t.Fatalf("journal has %d lines, want %d", m, n+1)
+	}
+}
+
+// The space the claim reserves (Writer.Reserve) is the journal's own: on a
+// file system filled to the last byte afterwards (the job's output), a stop's
+// lines (intent, signals, final, a few dozen) still land, and the journal
+// verifies. Without the reserve the first of them fails with ENOSPC.
+func TestReserveKeepsRoomForAStopOnAFullDisk(t *testing.T) {
+	mnt := runtest.Tmpfs(t, 256<<10)
+	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	d, err := root.Create("reserved")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	w, err := journal.Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Reserve(); err != nil {
+		t.Fatalf("Reserve: %v", err)
+	}
+	if _, err := w.Append("created", nil, true); err != nil {
+		t.Fatal(err)
+	}
+	runtest.Fill(t, mnt)
+	pad := strings.Repeat("p", 300)
+	for i := 0; i < 30; i++ {
+		if _, err := journal.Append(d, "signal_sent", journal.Fields{"i": i, "pad": pad}, true); err != nil {
+			t.Fatalf("line %d on a full disk: %v (the reserve did not hold)", i+2, err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(d.Path, rundir.EventsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := journal.Verify(bytes.NewReader(b)); err != nil || n != 31 {
+		t.Fatalf("Verify: %d lines, %v", n, err)
+	}
+	// And a journal that reserved nothing fails at once: the test's disk is
+	// really full.
+	if _, err := root.Create("unreserved"); err == nil {
+		d2, _ := root.Open("unreserved")
+		defer d2.Close()
+		if _, err := journal.Append(d2, "created", journal.Fields{"pad": pad}, true); !errors.Is(err, unix.ENOSPC) {
+			t.Fatalf("an unreserved journal on the full disk: %v, want ENOSPC", err)
+		}
+	}
+}
+
+// Appends keep the reserve topped up: a run that journals more than the
+// first reserve before the disk fills (renewals, agent requests) still has
+// room for its stop's lines afterwards.
+func TestAppendsKeepTheReserve(t *testing.T) {
+	mnt := runtest.Tmpfs(t, 512<<10)
+	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	d, err := root.Create("topped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	w, err := journal.Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Reserve(); err != nil {
+		t.Fatal(err)
+	}
+	pad := strings.Repeat("r", 1000)
+	for i := 0; i < 3*journal.ReserveBytes/1000; i++ { // three reserves' worth
+		if _, err := w.Append("lease_renewed", journal.Fields{"pad": pad}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtest.Fill(t, mnt)
+	for i := 0; i < 6; i++ {
+		if _, err := journal.Append(d, "signal_sent", journal.Fields{"pad": pad}, true); err != nil {
+			t.Fatalf("line %d of the stop on a full disk: %v (the reserve was not kept)", i+1, err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
@@ -83,5 +84,50 @@ func TestRenew(t *testing.T) {
 		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want ErrRefused mentioning %q", name, err, tc.want)
 		}
+	}
+}
+
+// The journal's last deadline is the lease: a deadline_epoch written by
+// hand, later, is ignored with a note, and renew refuses a run whose
+// journal says it expired whatever the file says; an earlier file, or an
+// unreadable one, is noted too, the earlier deadline standing.
+func TestEffectiveIsTheJournals(t *testing.T) {
+	past := time.Now().Add(-time.Minute).Unix()
+	later := time.Now().Add(time.Hour).Unix()
+	d := runDir(t, statusfile.Running, later, 60)
+	if _, err := journal.Append(d, "started", journal.Fields{"pid": 10, "deadline_epoch": past}, false); err != nil {
+		t.Fatal(err)
+	}
+	dl, note, err := Effective(d)
+	if err != nil || dl != past || !strings.Contains(note, "ignored") {
+		t.Fatalf("Effective: %d %q %v; want %d and a note", dl, note, err, past)
+	}
+	if _, err := Renew(d, time.Minute); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "never revived") {
+		t.Fatalf("Renew of a lease expired by the journal: %v", err)
+	}
+	// A renewal is journaled, then written: both agree, no note.
+	d2 := runDir(t, statusfile.Running, later, 60)
+	journal.Append(d2, "started", journal.Fields{"deadline_epoch": later}, false)
+	next, err := Renew(d2, 2*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl, note, err := Effective(d2); err != nil || dl != next || note != "" {
+		t.Fatalf("after Renew: %d %q %v; want %d", dl, note, err, next)
+	}
+	// An earlier deadline_epoch stands; an unreadable one is ignored.
+	WriteDeadline(d2, past)
+	if dl, note, _ := Effective(d2); dl != past || note == "" {
+		t.Fatalf("earlier file: %d %q", dl, note)
+	}
+	d2.WriteAtomic(rundir.DeadlineFile, []byte("soon\n"), rundir.Visible)
+	if dl, note, err := Effective(d2); err != nil || dl != next || !strings.Contains(note, "unreadable") {
+		t.Fatalf("unreadable file: %d %q %v", dl, note, err)
+	}
+	// Started without a lease: a deadline_epoch revives nothing either.
+	d3 := runDir(t, statusfile.Running, later, 0)
+	journal.Append(d3, "started", journal.Fields{"deadline_epoch": 0}, false)
+	if _, note, err := Effective(d3); !errors.Is(err, ErrNoDeadline) || note == "" {
+		t.Fatalf("no lease: %q %v", note, err)
 	}
 }

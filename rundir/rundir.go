@@ -10,7 +10,9 @@
 // descriptor with O_NOFOLLOW, so a symlink planted in place of a file is an
 // error, never followed; temp files and renames are relative to it too. Not
 // guaranteed: that a directory is not renamed away between two calls (its
-// path is kept for messages and for RemoveAll).
+// path is kept for messages and for RemoveAll; Root.Holds tells); that a
+// replacement is atomic on a full file system, where WriteAtomic overwrites
+// an existing file in place rather than fail.
 package rundir
 
 import (

@@ -214,6 +214,24 @@ type Dir struct {
 // Close releases the directory's descriptor.
 func (d *Dir) Close() error { return unix.Close(d.fd) }
 
+// Holds reports whether d is still the run directory ROOT/ID: not removed
+// (a directory removed while open has no links) and not replaced by another
+// directory of that name. Any error other than the name being gone counts
+// as held: only a sure answer says a run's directory is gone.
+func (r *Root) Holds(d *Dir) bool {
+	var open, named unix.Stat_t
+	if err := unix.Fstat(d.fd, &open); err != nil {
+		return true
+	}
+	if open.Nlink == 0 {
+		return false
+	}
+	if err := unix.Fstatat(r.fd, d.ID, &named, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err != unix.ENOENT && err != unix.ENOTDIR
+	}
+	return open.Dev == named.Dev && open.Ino == named.Ino
+}
+
 // FD is the directory's descriptor, for *at system calls.
 func (d *Dir) FD() int { return d.fd }
 
@@ -314,11 +332,33 @@ const (
 )
 
 // WriteAtomic replaces name with data: a temp file in the run directory
-// (".NAME.RANDOM", created relative to the directory's descriptor, mode
-// 0600), renamed over name, with the fsyncs that how asks for. A reader
-// sees the old content or the new, never a mix or an empty file. On an
-// error the temp file is removed and name is untouched.
+// (".NAME.PID.RANDOM", created relative to the directory's descriptor, mode
+// 0600, PID the writer's), renamed over name, with the fsyncs that how asks
+// for. A reader sees the old content or the new, never a mix or an empty
+// file. On an error the temp file is removed and name is untouched.
+//
+// On a full file system (ENOSPC, EDQUOT) a temp file cannot get blocks, but
+// the file being replaced has them: when name exists, WriteAtomic then
+// overwrites it in place (OverwriteInPlace), which is not atomic for a
+// reader (it may see a torn file meanwhile, and must treat it as
+// unreadable) but lands where a rename cannot. The error is nil then.
 func (d *Dir) WriteAtomic(name string, data []byte, how Durability) error {
+	err := d.replace(name, data, how)
+	if err != nil && NoSpace(err) && d.Exists(name) {
+		if ierr := d.OverwriteInPlace(name, data, how >= Synced); ierr == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// NoSpace reports whether err is the file system being full (ENOSPC) or
+// the user's quota used up (EDQUOT).
+func NoSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+func (d *Dir) replace(name string, data []byte, how Durability) error {
 	path := filepath.Join(d.Path, name)
 	// The target may not be a symlink or someone else's file; rename would
 	// replace a symlink rather than follow it, but a planted file is a sign
@@ -331,8 +371,9 @@ func (d *Dir) WriteAtomic(name string, data []byte, how Durability) error {
 	}
 	var fd int
 	var tmp string
+	prefix := tempPrefix(name) + strconv.Itoa(os.Getpid()) + "."
 	for try := 0; ; try++ {
-		tmp = "." + name + "." + strconv.FormatUint(uint64(rand.Uint32()), 36)
+		tmp = prefix + strconv.FormatUint(uint64(rand.Uint32()), 36)
 		var err error
 		fd, err = unix.Openat(d.fd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err == nil {
@@ -364,6 +405,100 @@ func (d *Dir) WriteAtomic(name string, data []byte, how Durability) error {
 		return d.Sync()
 	}
 	return nil
+}
+
+// tempPrefix is the start of the name of every temp file WriteAtomic makes
+// for name.
+func tempPrefix(name string) string { return "." + name + "." }
+
+// OverwriteInPlace writes data over the existing file name from its first
+// byte and cuts it to len(data), fsyncing it when sync is set. It needs no
+// new blocks where the file already had as many (a record rewritten with a
+// few more fields stays within its last block), so it works on a full file
+// system; but a reader may see the old content, the new, or a mix while it
+// runs. WriteAtomic falls back to it on a full file system; the caller
+// holds the run's lock, so no other writer interleaves.
+func (d *Dir) OverwriteInPlace(name string, data []byte, sync bool) error {
+	fd, _, err := d.openChecked(name, unix.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	path := filepath.Join(d.Path, name)
+	for off := 0; off < len(data); {
+		n, err := unix.Pwrite(fd, data[off:], int64(off))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return &os.PathError{Op: "overwrite", Path: path, Err: err}
+		}
+		off += n
+	}
+	if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
+		return &os.PathError{Op: "truncate", Path: path, Err: err}
+	}
+	if sync {
+		if err := unix.Fsync(fd); err != nil {
+			return &os.PathError{Op: "fsync", Path: path, Err: err}
+		}
+	}
+	return nil
+}
+
+// staleTempAge is how old a temp file without a writer's PID in its name
+// (made by an older agent-wrap) must be before RemoveStaleTemps removes it.
+const staleTempAge = time.Minute
+
+// RemoveStaleTemps removes the temp files WriteAtomic left for name when
+// their writer died between creating and renaming them (".NAME.PID.RANDOM"
+// whose PID no longer runs; one without a PID once it is a minute old). A
+// writer that is alive, even stopped, keeps its temp file. It returns the
+// names removed.
+func (d *Dir) RemoveStaleTemps(name string) ([]string, error) {
+	f, err := os.Open(d.Path)
+	if err != nil {
+		return nil, err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	prefix := tempPrefix(name)
+	var removed []string
+	for _, n := range names {
+		rest, ok := strings.CutPrefix(n, prefix)
+		if !ok || rest == "" {
+			continue
+		}
+		if !d.staleTemp(n, rest) {
+			continue
+		}
+		if err := unix.Unlinkat(d.fd, n, 0); err == nil {
+			removed = append(removed, n)
+		}
+	}
+	return removed, nil
+}
+
+// staleTemp says whether the temp file n (rest: what follows ".NAME.") was
+// left by a writer that is gone.
+func (d *Dir) staleTemp(n, rest string) bool {
+	if pidPart, _, ok := strings.Cut(rest, "."); ok {
+		if pid, err := strconv.Atoi(pidPart); err == nil && pid > 0 {
+			if pid == os.Getpid() {
+				return false
+			}
+			err := unix.Kill(pid, 0)
+			return err == unix.ESRCH
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return false
+	}
+	return time.Since(time.Unix(st.Mtim.Unix())) > staleTempAge
 }
 
 func writeAll(fd int, b []byte) error {
@@ -550,6 +685,11 @@ var ErrLocked = errors.New("locked by another process")
 // one-instance-per-root lock. ErrLocked means someone else holds it.
 func (r *Root) TryLock(name string) (unlock func(), err error) {
 	fd, err := unix.Openat(r.fd, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err == unix.EROFS {
+		// A read-only root (remounted so by a failing disk): a lock file
+		// that exists is still a lock, and the watchdog must still run.
+		fd, err = unix.Openat(r.fd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: filepath.Join(r.Path, name), Err: err}
 	}

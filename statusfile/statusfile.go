@@ -4,9 +4,13 @@
 // Guarantees: Write replaces the file atomically (a temp file in the run
 // directory, fsynced, renamed), so a reader sees the previous record
 // or the new one, never a torn one; with durable set the directory is fsynced
-// as well, so the record survives a crash of the host. Parse rejects anything
+// as well, so the record survives a crash of the host. The exception is a
+// full file system, where the record is overwritten in place so that it
+// lands at all (a reader may then meet a torn one). Parse rejects anything
 // that is not a complete schema-1 record, so a half-written or foreign file
-// is an error, never a record.
+// is an error, never a record; ReadOrRebuild (Linux) then rebuilds the
+// record from the run's journal and pid files, for those who must act on
+// it.
 package statusfile
 
 import (
@@ -17,6 +21,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/exitcode"
+	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
@@ -120,6 +125,19 @@ type Record struct {
 	// HTTP are the run's credential gateways, by NAME, while and after
 	// they existed.
 	HTTP map[string]HTTPGateway `json:"http,omitempty"`
+	// JournalSeq and JournalHash mark the journal's last line when the
+	// record was written (Write sets them), so that verify tells a journal
+	// cut at a line boundary from a whole one.
+	JournalSeq  int64  `json:"journal_seq,omitempty"`
+	JournalHash string `json:"journal_hash,omitempty"`
+	// IntentUnrecorded is set when a stop went ahead although its intent
+	// could not be journaled (a read-only file system): the lease is the
+	// last word, and the record says so.
+	IntentUnrecorded bool `json:"intent_unrecorded,omitempty"`
+	// Rebuilt is set on a record that ReadOrRebuild made from the run's
+	// journal and pid files because status.json was unreadable; once
+	// written, the record says so for good.
+	Rebuilt bool `json:"rebuilt,omitempty"`
 }
 
 // HTTPGateway is one credential gateway of a run, as the job reaches it.
@@ -245,8 +263,17 @@ func Read(d *rundir.Dir) (*Record, error) {
 // boot_id makes every non-terminal run unknown whether the record says
 // starting, running or cancelling, and a terminal record is what still
 // answers then.
+//
+// The record is marked with the journal's last line (journal_seq,
+// journal_hash) as it is now. On a full file system the record is
+// overwritten in place (see rundir.Dir.WriteAtomic), so the final record
+// lands where a rename cannot. A durable write also removes the temp files
+// of writers that died before their rename (rundir.Dir.RemoveStaleTemps).
 func Write(d *rundir.Dir, r *Record, durable bool) error {
 	r.Schema = Schema
+	if m := journal.Tail(d); m.Seq > 0 {
+		r.JournalSeq, r.JournalHash = m.Seq, m.Hash
+	}
 	b, err := Marshal(r)
 	if err != nil {
 		return err
@@ -255,5 +282,11 @@ func Write(d *rundir.Dir, r *Record, durable bool) error {
 	if durable {
 		how = rundir.Durable
 	}
-	return d.WriteAtomic(rundir.StatusFile, b, how)
+	if err := d.WriteAtomic(rundir.StatusFile, b, how); err != nil {
+		return err
+	}
+	if durable {
+		_, _ = d.RemoveStaleTemps(rundir.StatusFile)
+	}
+	return nil
 }

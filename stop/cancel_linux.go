@@ -49,7 +49,7 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		o.Diag = io.Discard
 	}
 	until := time.Now().Add(o.Wait)
-	rec, err := statusfile.Read(d)
+	rec, err := statusfile.ReadOrRebuild(d)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoRecord, err)
 	}
@@ -136,7 +136,7 @@ func requestCancel(d *rundir.Dir, pid int) error {
 		return err
 	}
 	defer unlock()
-	rec, err := statusfile.Read(d)
+	rec, err := statusfile.ReadOrRebuild(d)
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,10 @@ type Options struct {
 	By     string        // "cancel" or "watchdog", journaled
 	Fields journal.Fields
 	Diag   io.Writer
+	// IntentUnrecorded says an earlier stop of this run went ahead while
+	// its intent could not be journaled: the final record says so, and
+	// the journal too.
+	IntentUnrecorded bool
 }
 
 // Report is what an outside stop did.
@@ -33,6 +37,9 @@ type Report struct {
 	Signalled []int              // PIDs sent TERM or KILL
 	Rejected  []string           // processes left alone, and why
 	Already   bool               // the run was terminal before we acted
+	// IntentUnrecorded: the intent could not be journaled, and the stop
+	// went ahead anyway (the lease is the last word).
+	IntentUnrecorded bool
 }
 
 // ErrRefused is returned (wrapped) when validation fails and nothing was
@@ -52,12 +59,12 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if o.Diag == nil {
 		o.Diag = io.Discard
 	}
-	rep := &Report{}
+	rep := &Report{IntentUnrecorded: o.IntentUnrecorded}
 	unlock, err := d.Lock()
 	if err != nil {
 		return nil, err
 	}
-	rec, err := statusfile.Read(d)
+	rec, err := statusfile.ReadOrRebuild(d)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -86,12 +93,21 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	for k, v := range o.Fields {
 		f[k] = v
 	}
+	if rec.Rebuilt {
+		o.journal(d, "record_rebuilt", journal.Fields{"by": o.By, "state": rec.State, "pid": rec.PID}, false)
+	}
 	cause, err := Intend(d, rec, rec, o.Intent, o.Cause, f, nil, writeRecord(d))
 	if errors.Is(err, errNotJournaled) {
-		unlock()
-		return nil, fmt.Errorf("run %s: %w, so nothing was signalled", d.ID, err)
-	}
-	if err != nil {
+		// The lease is the last word: a journal that cannot be written
+		// (a read-only file system) does not keep the run alive. The
+		// record says the intent went unrecorded, where it can be written.
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v; stopping anyway, and recording that the intent is not on record\n", d.ID, err)
+		rec.State, rec.Cause, rec.IntentUnrecorded = statusfile.Cancelling, cause, true
+		rep.IntentUnrecorded = true
+		if werr := statusfile.Write(d, rec, false); werr != nil {
+			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot write the cancelling record either: %v\n", d.ID, werr)
+		}
+	} else if err != nil {
 		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v (stopping anyway)\n", d.ID, err)
 	}
 	unlock()
@@ -159,7 +175,7 @@ func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Optio
 		return rep, err
 	}
 	defer unlock()
-	rec, err := statusfile.Read(d)
+	rec, err := statusfile.ReadOrRebuild(d)
 	if err != nil {
 		return rep, err
 	}
@@ -171,9 +187,16 @@ func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Optio
 	rec.SetExit(statusfile.CauseExitCode(cause))
 	rec.Survivors = survivors
 	rec.EndedAt = statusfile.Timestamp(time.Now())
+	if rep.IntentUnrecorded {
+		rec.IntentUnrecorded = true
+		o.journal(d, "intent_unrecorded", journal.Fields{"by": o.By, "cause": cause, "signalled": rep.Signalled}, true)
+	}
 	if err := statusfile.Write(d, rec, true); err != nil {
+		rep.Record = rec
 		return rep, fmt.Errorf("run %s: stopped, but cannot write the final record: %w", d.ID, err)
 	}
+	// The final line follows a final record that landed, never one that
+	// did not.
 	o.journal(d, "final", journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}, true)
 	rep.Record = rec
 	return rep, nil

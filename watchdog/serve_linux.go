@@ -90,6 +90,7 @@ func Serve(ctx context.Context, root *rundir.Root, o ServeOptions, sd Notifier) 
 
 	enc := json.NewEncoder(o.Out)
 	o.Progress = ping
+	o.unrecorded = map[string]bool{}
 	pass := func() {
 		acts, err := Pass(root, o.Options)
 		if err != nil {

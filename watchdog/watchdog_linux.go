@@ -44,6 +44,9 @@ type Action struct {
 	Signalled []int    `json:"signalled,omitempty"`
 	Survivors []int    `json:"survivors,omitempty"`
 	Rejected  []string `json:"rejected,omitempty"`
+	// Note says what the watchdog disregarded: a deadline_epoch that
+	// disagrees with the journal, a lease that could not be read.
+	Note string `json:"note,omitempty"`
 }
 
 // Options configure a pass.
@@ -57,6 +60,12 @@ type Options struct {
 	// Diag receives what a stop could not do on its way (a journal line it
 	// could not write, say); nil discards it.
 	Diag io.Writer
+
+	// unrecorded holds the runs a pass stopped without their intent on
+	// record and whose final record could not be written (a read-only
+	// file system): a later pass of the same service records the gap
+	// when it can write again. Serve sets it.
+	unrecorded map[string]bool
 }
 
 // Pass looks at every run under root once and stops each whose deadline has
@@ -90,16 +99,22 @@ func check(root *rundir.Root, id string, o Options) *Action {
 	}
 	defer d.Close()
 	// Terminal runs, most of a root, cost one read: the record.
-	rec, err := statusfile.Read(d)
+	// An unreadable record is rebuilt from the run's other files (the
+	// journal, pid, pgid): a torn status.json stops nobody's stop.
+	rec, err := statusfile.ReadOrRebuild(d)
 	if err != nil {
 		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}
 	}
 	if statusfile.Terminal(rec.State) {
 		return nil
 	}
-	dl, derr := lease.ReadDeadline(d)
+	// The journal's deadline: a hand-written later deadline_epoch revives
+	// nothing (note says it was ignored).
+	dl, note, derr := lease.Effective(d)
 	if derr != nil && !errors.Is(derr, lease.ErrNoDeadline) {
-		return &Action{RunID: id, Action: "skipped", Reason: derr.Error()}
+		// No readable lease: treated as expired.
+		note = "no readable deadline (" + derr.Error() + "): the lease counts as expired"
+		dl, derr = 0, nil
 	}
 	now := o.Now()
 	if derr == nil && now.Before(time.Unix(dl, 0)) {
@@ -123,10 +138,13 @@ func check(root *rundir.Root, id string, o Options) *Action {
 		derr = nil
 	}
 	if errors.Is(derr, lease.ErrNoDeadline) {
-		if rec.LeaseSeconds > 0 && rec.State != statusfile.Starting {
-			return &Action{RunID: id, Action: "skipped", State: rec.State, Reason: "the run has a lease but no deadline_epoch file; not stopping it without a deadline"}
+		if rec.LeaseSeconds <= 0 || rec.State == statusfile.Starting {
+			return nil // no lease: nothing for the watchdog to enforce
 		}
-		return nil // no lease: nothing for the watchdog to enforce
+		// A lease, but neither the journal nor deadline_epoch says
+		// when it ends: no readable lease counts as expired.
+		note = "the run has a lease but no readable deadline (journal or deadline_epoch): the lease counts as expired"
+		dl, derr = 0, nil
 	}
 	alive := membership.WrapperAlive(rec)
 	if alive && (rec.State == statusfile.Cancelling || now.Before(time.Unix(dl, 0).Add(ActAfter))) {
@@ -147,14 +165,32 @@ func check(root *rundir.Root, id string, o Options) *Action {
 		By:     "watchdog",
 		Fields: journal.Fields{"deadline_epoch": dl},
 		Diag:   o.Diag,
+
+		IntentUnrecorded: o.unrecorded[id],
 	})
-	if err != nil {
-		return &Action{RunID: id, Action: "refused", Deadline: dl, State: rec.State, Reason: err.Error()}
+	if o.unrecorded != nil {
+		if rep != nil && rep.IntentUnrecorded && err != nil {
+			o.unrecorded[id] = true
+		} else if err == nil {
+			delete(o.unrecorded, id)
+		}
+	}
+	if err != nil && (rep == nil || rep.Record == nil) {
+		return &Action{RunID: id, Action: "refused", Deadline: dl, State: rec.State, Reason: err.Error(), Note: note}
 	}
 	if rep.Already {
 		return nil
 	}
+	if rec.Rebuilt {
+		reason += "; its record was unreadable and was rebuilt from the journal and pid files"
+	}
+	if rep.IntentUnrecorded {
+		reason += "; the intent could not be journaled (intent_unrecorded), the stop went ahead"
+	}
+	if err != nil {
+		reason += "; " + err.Error()
+	}
 	a := &Action{RunID: id, Action: "stopped", Reason: reason, Deadline: dl, State: rep.Record.State, Cause: rep.Record.Cause,
-		ExitCode: rep.Record.ExitCode, Signalled: rep.Signalled, Survivors: rep.Record.Survivors, Rejected: rep.Rejected}
+		ExitCode: rep.Record.ExitCode, Signalled: rep.Signalled, Survivors: rep.Record.Survivors, Rejected: rep.Rejected, Note: note}
 	return a
 }

@@ -155,8 +155,9 @@ func (s *supervisor) launchFailed(code int, err error) *Result {
 	s.rec.EndedAt = statusfile.Timestamp(time.Now())
 	s.rec.Survivors = []int{}
 	s.journal("launch_failed", journal.Fields{"exit_code": code, "error": err.Error()}, false)
-	s.writeRecord(true)
-	s.journal("final", journal.Fields{"state": s.rec.State, "exit_code": code}, true)
+	if s.writeRecord(true) {
+		s.journal("final", journal.Fields{"state": s.rec.State, "exit_code": code}, true)
+	}
 	r := s.rec
 	return &Result{Record: &r, Code: code}
 }

@@ -26,6 +26,7 @@ func (s *supervisor) wait(deadline int64) string {
 	// reaps orphans even if a SIGCHLD was coalesced with another.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	seen := deadline // deadline_epoch as last read
 
 	if s.pollLeader() {
 		return s.cancelledMeanwhile()
@@ -62,6 +63,13 @@ func (s *supervisor) wait(deadline int64) string {
 			deadline = next
 			timer.Reset(time.Until(time.Unix(next, 0)))
 		case <-tick.C:
+			if s.dirGone() {
+				// Its ID is free while the job runs: the record, journal
+				// and lease are gone with the directory, so nothing could
+				// find, renew or stop it. It stops now.
+				s.warn("the run directory %s was removed while the job ran: stopping the job", s.d.Path)
+				return s.beginCancel(statusfile.CauseCancel, "run_dir_removed")
+			}
 			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
 			if s.pollLeader() {
 				return s.cancelledMeanwhile()
@@ -69,11 +77,17 @@ func (s *supervisor) wait(deadline int64) string {
 			if timer != nil {
 				// A renewal may also shorten the lease (renew --lease 1s
 				// ends a run on demand): the timer is moved up to the new
-				// deadline, where checkLease decides under the lock.
-				if dl, err := lease.ReadDeadline(s.d); err == nil && dl < deadline {
-					deadline = dl
-					timer.Reset(time.Until(time.Unix(dl, 0)))
-					s.deadlineMoved(dl)
+				// deadline, where checkLease decides under the lock. The
+				// file is the cheap look; when it changes, the journal
+				// says what the deadline is (lease.Effective), so a
+				// hand-written file moves nothing later.
+				if dl, err := lease.ReadDeadline(s.d); err == nil && dl != seen {
+					seen = dl
+					if eff, _, err := lease.Effective(s.d); err == nil && eff < deadline {
+						deadline = eff
+						timer.Reset(time.Until(time.Unix(eff, 0)))
+						s.deadlineMoved(eff)
+					}
 				}
 			}
 		}
@@ -142,7 +156,9 @@ func (s *supervisor) intend(event, cause string, f journal.Fields) string {
 	if err != nil {
 		s.warn("%v (stopping anyway)", err)
 		if s.rec.State != statusfile.Cancelling {
-			s.rec.State, s.rec.Cause = statusfile.Cancelling, cause
+			// Not journaled: the record says the stop went ahead without
+			// its intent on record.
+			s.rec.State, s.rec.Cause, s.rec.IntentUnrecorded = statusfile.Cancelling, cause, true
 			s.writeRecordLocked(false)
 		}
 	}
@@ -165,9 +181,12 @@ func (s *supervisor) checkLease() (int64, string) {
 		s.rec.State, s.rec.Cause = disk.State, disk.Cause
 		return 0, disk.Cause
 	}
-	dl, err := lease.ReadDeadline(s.d)
+	dl, note, err := lease.Effective(s.d)
+	if note != "" {
+		s.warn("%s", note)
+	}
 	if err != nil {
-		s.warn("cannot read deadline_epoch: %v (treating the lease as expired)", err)
+		s.warn("cannot read the run's deadline: %v (treating the lease as expired)", err)
 		return 0, s.expire(0)
 	}
 	if time.Now().Before(time.Unix(dl, 0)) {
@@ -179,4 +198,10 @@ func (s *supervisor) checkLease() (int64, string) {
 // expire records the lease expiry; the caller holds the lock.
 func (s *supervisor) expire(deadline int64) string {
 	return s.intend("deadline_expired", statusfile.CauseLease, journal.Fields{"deadline_epoch": deadline, "by": "wrapper", "pid": s.self})
+}
+
+// dirGone reports whether the run directory the wrapper holds is no longer
+// ROOT/RUN_ID: removed (rm -r), or renamed away.
+func (s *supervisor) dirGone() bool {
+	return !s.cfg.Root.Holds(s.d)
 }

@@ -1,8 +1,12 @@
 package wrapper
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
@@ -47,7 +51,6 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 		r.State = statusfile.Finished
 		r.SetExit(s.reap.exit.Code)
 	}
-	s.replaceRecord(disk, true)
 	f := journal.Fields{"state": r.State, "exit_code": r.Code(), "survivors": survivors}
 	if r.Cause != "" {
 		f["cause"] = r.Cause
@@ -55,28 +58,37 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 	if r.Signal != "" {
 		f["signal"] = r.Signal
 	}
-	s.journal("final", f, false)
+	if r.IntentUnrecorded {
+		// The stop went ahead without its intent on record; say so in
+		// the journal now, if it can be written again.
+		s.journal("intent_unrecorded", journal.Fields{"cause": r.Cause, "by": "wrapper"}, false)
+	}
+	if s.replaceRecord(disk, true) {
+		// The journal's final line follows a final record that landed,
+		// never one that did not (they must not tell two stories).
+		s.journal("final", f, false)
+	}
 	out := *r
 	return &Result{Record: &out, Code: r.Code()}
 }
 
-// writeRecord replaces status.json under the run's lock.
-func (s *supervisor) writeRecord(durable bool) {
+// writeRecord replaces status.json under the run's lock, and reports
+// whether it was written.
+func (s *supervisor) writeRecord(durable bool) bool {
 	unlock, err := s.d.Lock()
 	if err != nil {
 		s.warn("cannot lock the run: %v", err)
-		s.writeRecordLocked(durable)
-		return
+		return s.writeRecordLocked(durable)
 	}
 	defer unlock()
-	s.writeRecordLocked(durable)
+	return s.writeRecordLocked(durable)
 }
 
 // writeRecordLocked replaces status.json; the caller holds the lock. A
 // cancel recorded by another process (state cancelling) is kept, and a
 // terminal record is never replaced.
-func (s *supervisor) writeRecordLocked(durable bool) {
-	s.replaceRecord(s.readRecord(), durable)
+func (s *supervisor) writeRecordLocked(durable bool) bool {
+	return s.replaceRecord(s.readRecord(), durable)
 }
 
 // readRecord reads status.json as it is on disk; nil if it cannot be read.
@@ -91,10 +103,11 @@ func (s *supervisor) readRecord() *statusfile.Record {
 // replaceRecord is writeRecordLocked for a caller that has just read the
 // record on disk (nil: unreadable) under the lock it still holds, so the
 // record is not read twice.
-func (s *supervisor) replaceRecord(disk *statusfile.Record, durable bool) {
+// It reports whether the record was written.
+func (s *supervisor) replaceRecord(disk *statusfile.Record, durable bool) bool {
 	if disk != nil {
 		if statusfile.Terminal(disk.State) {
-			return
+			return false
 		}
 		if disk.State == statusfile.Cancelling && s.rec.State == statusfile.Running {
 			s.rec.State, s.rec.Cause = disk.State, disk.Cause
@@ -102,7 +115,9 @@ func (s *supervisor) replaceRecord(disk *statusfile.Record, durable bool) {
 	}
 	if err := statusfile.Write(s.d, &s.rec, durable); err != nil {
 		s.warn("cannot write status.json (state %s): %v", s.rec.State, err)
+		return false
 	}
+	return true
 }
 
 // journal appends an event to the run's journal; a failure is reported on
@@ -127,9 +142,10 @@ func (s *supervisor) closeJournal() {
 // ours, so nothing is read first, and the deadline is a plain new file (no
 // temp file, no rename, no fsync): it is complete before the record that
 // makes the run visible to the watchdog, status and list exists, and
-// reconcile reads both under the lock. Like every non-terminal record,
-// neither needs to survive a crash of the machine (see statusfile.Write).
-func (s *supervisor) writeFirstRecords(deadline int64) {
+// reconcile reads both under the lock. The record is synced before its
+// rename (see statusfile.Write). An error means the run cannot be recorded
+// (a full disk): the claim is then undone, and no job starts.
+func (s *supervisor) writeFirstRecords(deadline int64) error {
 	unlock, err := s.d.Lock()
 	if err != nil {
 		s.warn("cannot lock the run: %v", err)
@@ -138,12 +154,39 @@ func (s *supervisor) writeFirstRecords(deadline int64) {
 	}
 	if deadline > 0 {
 		if err := s.d.WriteOnce(rundir.DeadlineFile, lease.FormatDeadline(deadline)); err != nil {
-			s.warn("cannot write deadline_epoch: %v (the wrapper still enforces the lease)", err)
+			return fmt.Errorf("cannot write deadline_epoch: %w", err)
 		}
 	}
 	if err := statusfile.Write(s.d, &s.rec, false); err != nil {
-		s.warn("cannot write status.json (state %s): %v", s.rec.State, err)
+		return fmt.Errorf("cannot write status.json (state %s): %w", s.rec.State, err)
 	}
+	return nil
+}
+
+// reserveJournal opens the run's journal and reserves the space a stop's
+// lines need (journal.Writer.Reserve), so that a disk the job fills cannot
+// silence its stop. On a file system that cannot reserve at all (no
+// fallocate) the run goes on, and its created line says so (not stderr:
+// that is the job's stream); one that is full fails the claim. It returns
+// what the created line should say about the reserve.
+func (s *supervisor) reserveJournal() (string, error) {
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	if s.jw == nil {
+		w, err := journal.Open(s.d)
+		if err != nil {
+			return "", err
+		}
+		s.jw = w
+	}
+	err := s.jw.Reserve()
+	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS)) {
+		return "unsupported by the file system", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return strconv.Itoa(journal.ReserveBytes), nil
 }
 
 // appendJournal is the wrapper's one way to the journal: through the run's

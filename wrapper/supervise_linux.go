@@ -10,6 +10,7 @@ package wrapper
 // (status.json and the journal).
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -112,12 +113,36 @@ func Run(cfg Config) (*Result, error) {
 	}
 	defer d.Close()
 	s.d = d
-	res := s.run()
+	deadline, err := s.claim()
+	if err != nil {
+		// All or nothing: no job was started, and the run directory goes,
+		// so the ID is free again.
+		s.closeJournal()
+		if s.cg != nil {
+			s.cg.Close()
+			cgroup.Remove(s.cg.Path)
+		}
+		if rerr := cfg.Root.RemoveAll(cfg.ID); rerr != nil {
+			s.warn("cannot remove the run directory of a run that never started: %v", rerr)
+		}
+		return nil, err
+	}
+	res := s.run(deadline)
 	s.closeJournal()
 	return res, nil
 }
 
-func (s *supervisor) run() *Result {
+// ErrClaim is returned (wrapped, with the cause) by Run when the run's first
+// record could not be written and synced, or its journal space reserved (a
+// full disk at the claim): the job was not started, and the run directory
+// was removed, so the ID is free again.
+var ErrClaim = errors.New("cannot record the run")
+
+// claim writes what must be on disk before the job may start: the
+// journal, with the space a stop's lines need reserved (journal.Reserve),
+// the deadline, and the `starting` record, synced. It returns the deadline
+// (0: no lease).
+func (s *supervisor) claim() (int64, error) {
 	cfg := s.cfg
 	boot, err := proc.BootID()
 	if err != nil {
@@ -159,9 +184,26 @@ func (s *supervisor) run() *Result {
 	if cfg.Lease > 0 {
 		deadline = lease.DeadlineAfter(time.Now(), cfg.Lease)
 	}
-	s.writeFirstRecords(deadline)
-	s.journal("created", journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart,
-		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}, false)
+	reserved, err := s.reserveJournal()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
+	}
+	if err := s.writeFirstRecords(deadline); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
+	}
+	created := journal.Fields{"wrapper_pid": s.self, "wrapper_start": wstart, "boot_id": boot, "reserved": reserved,
+		"lease_seconds": cfg.Lease.Seconds(), "grace_seconds": cfg.Grace.Seconds(), "boundary": s.rec.Boundary}
+	if s.rec.Cgroup != "" {
+		created["cgroup"] = s.rec.Cgroup
+	}
+	if err := s.appendJournal("created", created, false); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrClaim, err)
+	}
+	return deadline, nil
+}
+
+func (s *supervisor) run(deadline int64) *Result {
+	cfg := s.cfg
 
 	// 3. Start the job, with its authority scoped to the run.
 	if err := s.startAuthority(); err != nil {

@@ -1,0 +1,86 @@
+package statusfile_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+func newRun(t *testing.T, id string) *rundir.Dir {
+	t.Helper()
+	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	d, err := root.Create(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func appendLine(t *testing.T, d *rundir.Dir, event string, f journal.Fields) {
+	t.Helper()
+	if _, err := journal.Append(d, event, f, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An unreadable status.json is rebuilt from the journal and the pid files:
+// the wrapper, the job's identity, the lease and grace, the intent; a
+// record that is missing while the journal has no created line is a run
+// being created (the read's error), and pid files that disagree with the
+// journal are not believed.
+func TestReadOrRebuild(t *testing.T) {
+	boot, err := proc.BootID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newRun(t, "rb")
+	if _, err := statusfile.ReadOrRebuild(d); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a run being created: %v, want not-exist", err)
+	}
+	appendLine(t, d, "created", journal.Fields{"wrapper_pid": 4321, "wrapper_start": 77, "boot_id": boot, "lease_seconds": 60.0, "grace_seconds": 2.0, "boundary": "subreaper"})
+	appendLine(t, d, "started", journal.Fields{"pid": 5000, "pgid": 5000, "sid": 5000, "leader_start": 99, "deadline_epoch": 1234})
+	os.WriteFile(filepath.Join(d.Path, "pid"), []byte("5000\n"), 0o600)
+	os.WriteFile(filepath.Join(d.Path, "pgid"), []byte("5000\n"), 0o600)
+	for _, garbage := range []string{"", "{\"schema\":1,\"run", "null"} {
+		os.WriteFile(filepath.Join(d.Path, "status.json"), []byte(garbage), 0o600)
+		if _, err := statusfile.Read(d); err == nil {
+			t.Fatalf("Read accepted %q", garbage)
+		}
+		r, err := statusfile.ReadOrRebuild(d)
+		if err != nil {
+			t.Fatalf("ReadOrRebuild over %q: %v", garbage, err)
+		}
+		if !r.Rebuilt || r.State != statusfile.Running || r.PID != 5000 || r.PGID != 5000 || r.SID != 5000 || r.LeaderStart != 99 ||
+			r.WrapperPID != 4321 || r.WrapperStart != 77 || r.BootID != boot || r.LeaseSeconds != 60 || r.GraceSeconds != 2 || r.RunID != "rb" {
+			t.Fatalf("rebuilt: %+v", r)
+		}
+	}
+	appendLine(t, d, "deadline_expired", journal.Fields{"cause": "lease", "by": "watchdog"})
+	r, err := statusfile.ReadOrRebuild(d)
+	if err != nil || r.State != statusfile.Cancelling || r.Cause != statusfile.CauseLease {
+		t.Fatalf("after the intent: %+v, %v", r, err)
+	}
+	// What is rebuilt can be written and read back as a record.
+	if err := statusfile.Write(d, r, false); err != nil {
+		t.Fatal(err)
+	}
+	if back, err := statusfile.Read(d); err != nil || !back.Rebuilt || back.JournalSeq != 3 {
+		t.Fatalf("written back: %+v, %v", back, err)
+	}
+	os.WriteFile(filepath.Join(d.Path, "status.json"), []byte("x"), 0o600)
+	os.WriteFile(filepath.Join(d.Path, "pid"), []byte("6000\n"), 0o600)
+	if _, err := statusfile.ReadOrRebuild(d); !errors.Is(err, statusfile.ErrUnreadable) {
+		t.Fatalf("pid file disagreeing with the journal: %v, want ErrUnreadable", err)
+	}
+}
