@@ -45,6 +45,10 @@ type Writer struct {
 	end  int64
 	seq  int64
 	prev string
+	// LockWait bounds the wait for the journal's lock (0: rundir.LockWait);
+	// a lock still held then fails the append with a *rundir.HeldError
+	// naming its holder.
+	LockWait time.Duration
 }
 
 // Open opens (creating, mode 0600) the run's events.jsonl for appending.
@@ -71,15 +75,13 @@ func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 	defer w.mu.Unlock()
 	file := w.file
 	fd := int(file.Fd())
-	var err error
-	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
-		}
+	wait := w.LockWait
+	if wait <= 0 {
+		wait = rundir.LockWait
 	}
+	err := rundir.FlockWithin(fd, file.Name(), wait)
 	if err != nil {
-		return 0, &os.PathError{Op: "flock", Path: file.Name(), Err: err}
+		return 0, fmt.Errorf("journal %s: %w", event, err)
 	}
 	defer unix.Flock(fd, unix.LOCK_UN)
 	var st unix.Stat_t
