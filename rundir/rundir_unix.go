@@ -275,6 +275,15 @@ func (d *Dir) ReadFile(name string) ([]byte, error) {
 	}
 }
 
+// ModTime is the last modification time of name in the directory.
+func (d *Dir) ModTime(name string) (time.Time, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return time.Time{}, &os.PathError{Op: "stat", Path: filepath.Join(d.Path, name), Err: err}
+	}
+	return time.Unix(st.Mtim.Unix()), nil
+}
+
 // Exists reports whether name exists (as anything) in the directory.
 func (d *Dir) Exists(name string) bool {
 	var st unix.Stat_t
