@@ -76,7 +76,7 @@ func (e *HeldError) Error() string {
 		}
 		who = strings.Join(s, ", ")
 	}
-	return fmt.Sprintf("%s: %v by %s, waited %v", e.Path, ErrLocked, who, e.Waited.Round(time.Millisecond))
+	return fmt.Sprintf("%s is locked by %s (waited %v)", e.Path, who, e.Waited.Round(time.Millisecond))
 }
 
 // Is makes a *HeldError ErrLocked.
