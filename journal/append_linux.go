@@ -64,7 +64,8 @@ func Open(d *rundir.Dir) (*Writer, error) {
 func (w *Writer) Close() error { return w.file.Close() }
 
 // Append adds one event. Appends from several processes are serialised with
-// flock on the journal file; each reads the journal's current last line
+// flock on the journal file, waited for at most LockWait (a holder that
+// keeps it longer is stuck: the append fails, naming it); each reads the journal's current last line
 // under that lock (or knows it, see Writer), so seq and prev are always
 // right. With sync set, the line is fsynced before Append returns (the file
 // exists from the run's creation, so its directory entry is already
