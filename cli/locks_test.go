@@ -474,3 +474,39 @@ func TestStoppedWatchdogIsPassedOver(t *testing.T) {
 	}
 	r.AssertGroupEmpty(t)
 }
+
+// The service's passes do not wait for its stops: while it stops a-long
+// (a 15 s grace, TERM ignored), b-short's lease ends and b-short is
+// stopped within its deadline + grace + interval + ActAfter.
+func TestWatchdogServiceLooksOnDuringALongStop(t *testing.T) {
+	root := runtest.NewRoot(t)
+	const long, short, interval = 15 * time.Second, time.Second, time.Second
+	job := []string{"--", "sh", "-c", "trap '' TERM; sleep 300 & wait"}
+	ca, a := startRun(t, root, "a-long", append([]string{"--lease", "5m", "--grace", long.String(), "a-long"}, job...)...)
+	cb, b := startRun(t, root, "b-short", append([]string{"--lease", "5m", "--grace", short.String(), "b-short"}, job...)...)
+	for _, x := range []struct {
+		c *runtest.Cmd
+		r runtest.Run
+	}{{ca, a}, {cb, b}} {
+		rec := x.r.WaitState(t, statusfile.Running)
+		runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
+		unix.Kill(rec.WrapperPID, unix.SIGKILL)
+		x.c.Wait(t)
+	}
+	wd := runtest.Start(t, root, "watchdog", "--interval", interval.String())
+	endLease(t, root, a)
+	a.WaitState(t, statusfile.Cancelling) // the watchdog is in a-long's grace
+	dl := endLease(t, root, b)
+	rb := b.WaitState(t, statusfile.Cancelled)
+	endedWithin(t, rb, dl, short+interval+watchdog.ActAfter+slack, "its deadline")
+	b.AssertGroupEmpty(t)
+	if ra := a.MustStatus(t); ra.State != statusfile.Cancelling {
+		t.Errorf("a-long is %s when b-short ended, want still cancelling (in its %v grace)", ra.State, long)
+	}
+	a.WaitState(t, statusfile.Cancelled)
+	a.AssertGroupEmpty(t)
+	runtest.Eventually(t, "the watchdog to report both stops", func() bool {
+		acts := actions(t, lines(wd.Stdout.String()))
+		return acts["a-long"].Action == "stopped" && acts["b-short"].Action == "stopped"
+	})
+}

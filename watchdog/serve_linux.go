@@ -76,11 +76,10 @@ func Serve(ctx context.Context, root *rundir.Root, o ServeOptions, sd Notifier) 
 	var encMu sync.Mutex
 	enc := json.NewEncoder(o.Out)
 	o.Progress = ping
+	l := &lock{root: root, diag: o.Diag}
+	defer l.release() // after the stops below have ended
 	s := newStopper(o.Options, func(a Action) { encMu.Lock(); enc.Encode(a); encMu.Unlock() })
 	defer s.wait()
-
-	l := &lock{root: root, diag: o.Diag}
-	defer l.release()
 	pass := func() {
 		if err := s.pass(root); err != nil {
 			fmt.Fprintf(o.Diag, "agent-wrap: watchdog pass over %s: %v\n", root.Path, err)
