@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,16 +38,19 @@ type stuck struct {
 	proc proc.Stat // the agent-wrap process, once found
 }
 
-// underStrace starts the binary with args under strace, which delivers
-// signal at the when'th call of syscall.
-func underStrace(t *testing.T, root, syscall, signal string, when int, args ...string) *stuck {
+// underStrace starts the binary with args under strace with the options
+// given (a -e inject=... for the fault). strace counts a system call's
+// invocations per thread, and the Go runtime moves goroutines between
+// threads, so an injection is pinned with when=1 (the process's first
+// call) or a path (-P), never a count above one.
+func underStrace(t *testing.T, root string, options []string, args ...string) *stuck {
 	t.Helper()
 	if _, err := exec.LookPath("strace"); err != nil {
 		t.Fatalf("strace is needed (.ci/deps installs it): %v", err)
 	}
 	s := &stuck{done: make(chan struct{})}
-	s.cmd = exec.Command("strace", append([]string{"-f", "-qq", "-o", "/dev/null", "-e", "trace=" + syscall,
-		"-e", fmt.Sprintf("inject=%s:signal=%s:when=%d", syscall, signal, when), runtest.Binary(t)}, args...)...)
+	argv := append([]string{"-f", "-qq", "-o", "/dev/null"}, options...)
+	s.cmd = exec.Command("strace", append(append(argv, runtest.Binary(t)), args...)...)
 	s.cmd.Env = append(os.Environ(), "AGENT_WRAP_ROOT="+root)
 	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
 	s.cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
@@ -68,23 +72,50 @@ func underStrace(t *testing.T, root, syscall, signal string, when int, args ...s
 	return s
 }
 
-// stoppedHolding starts an agent-wrap command under strace that stops it
-// at the when'th call of syscall, and waits until it holds run r's lock,
-// stopped.
-func stoppedHolding(t *testing.T, root string, r runtest.Run, syscall string, when int, args ...string) *stuck {
+// stopAt is strace's options that stop the process (SIGSTOP) at every
+// call of syscall, or at its first (first), optionally only on path.
+func stopAt(syscall string, first bool, path string) []string {
+	o := []string{"-e", "trace=" + syscall, "-e", "inject=" + syscall + ":signal=SIGSTOP"}
+	if first {
+		o[3] += ":when=1"
+	}
+	if path != "" {
+		o = append(o, "-P", path)
+	}
+	return o
+}
+
+// stoppedHolding starts an agent-wrap command under strace with options
+// that stop it, and waits until it holds run r's lock, stopped.
+func stoppedHolding(t *testing.T, root string, r runtest.Run, options []string, args ...string) *stuck {
 	t.Helper()
-	s := underStrace(t, root, syscall, "SIGSTOP", when, args...)
-	runtest.Eventually(t, fmt.Sprintf("%v to hold run %s's lock, stopped at its %s", args, r.ID, syscall), func() bool {
+	s := underStrace(t, root, options, args...)
+	s.waitStopped(t, r, nil)
+	return s
+}
+
+// waitStopped waits until the process holds run r's lock, stopped, and
+// cond (if set) holds.
+func (s *stuck) waitStopped(t *testing.T, r runtest.Run, cond func() bool) {
+	t.Helper()
+	runtest.Eventually(t, fmt.Sprintf("%v to hold run %s's lock, stopped", s.cmd.Args[len(s.cmd.Args)-2:], r.ID), func() bool {
 		for _, pid := range lockHolders(r.Dir()) {
 			st, err := proc.ReadStat(pid)
-			if err == nil && st.PPID == s.cmd.Process.Pid && (st.State == 't' || st.State == 'T') {
+			if err == nil && st.PPID == s.cmd.Process.Pid && (st.State == 't' || st.State == 'T') && (cond == nil || cond()) {
 				s.proc = st
 				return true
 			}
 		}
 		return false
 	})
-	return s
+}
+
+// cont lets the stopped process go on.
+func (s *stuck) cont(t *testing.T) {
+	t.Helper()
+	if err := stop.Signal(proc.Identity{PID: s.proc.PID, Start: s.proc.Start}, unix.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // lockHolders lists the PIDs holding a lock on path, from /proc/locks.
@@ -100,9 +131,7 @@ func lockHolders(path string) []int {
 // resume lets the stopped process go on and returns its exit code.
 func (s *stuck) resume(t *testing.T) int {
 	t.Helper()
-	if err := stop.Signal(proc.Identity{PID: s.proc.PID, Start: s.proc.Start}, unix.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
+	s.cont(t)
 	return s.wait(t)
 }
 
@@ -159,13 +188,13 @@ func actions(t *testing.T, out string) map[string]watchdog.Action {
 }
 
 // One stopped holder of a run's lock freezes nothing else. A renew of
-// a-held that ends its lease is stopped by strace at its second write(2)
-// (after deadline_epoch is replaced, in the journal's line), holding the
-// run's lock and the journal's; b-orphan's wrapper is dead and its lease
-// ended. The watchdog service stops both within deadline + grace + its
-// interval + ActAfter: a-held without the lock (it says so, naming the
-// renew's PID), b-orphan as if nothing were stuck. Resumed, the renew
-// finishes and the final record stays as the watchdog wrote it.
+// a-held that ends its lease is stopped by strace at its first read of
+// the journal (after deadline_epoch is replaced, under the journal's lock
+// too); b-orphan's wrapper is dead and its lease ended. The watchdog
+// service stops both within deadline + grace + its interval + ActAfter:
+// a-held without the lock (it says so, naming the renew's PID), b-orphan
+// as if nothing were stuck. Resumed, the renew finishes and the final
+// record stays as the watchdog wrote it.
 func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
 	root := runtest.NewRoot(t)
 	const grace, interval = time.Second, time.Second
@@ -179,7 +208,7 @@ func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
 	wd := runtest.Start(t, root, "watchdog", "--interval", interval.String())
 
 	dlB := endLease(t, root, b)
-	s := stoppedHolding(t, root, a, "write", 2, "renew", "--lease", "1s", "a-held")
+	s := stoppedHolding(t, root, a, stopAt("pread64", true, a.Dir()+"/events.jsonl"), "renew", "--lease", "1s", "a-held")
 	dlA := time.Unix(deadlineOf(t, a), 0)
 	if time.Until(dlA) > 3*time.Second {
 		t.Fatalf("a-held's deadline is %v away: the stopped renew had not replaced it", time.Until(dlA))
@@ -226,14 +255,15 @@ func lines(s string) string {
 	return ""
 }
 
-// While a stopped renew holds a run's lock, `cancel --wait 2s` and another
+// While a stopped renew (at its first read of the journal) holds a run's
+// lock, `cancel --wait 2s` and another
 // renew give up (exit 1) instead of waiting for ever, naming the holder's
 // PID and saying how to resume it; once it is resumed, cancel works.
 func TestCancelNamesAStoppedLockHolder(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "held", "--lease", "5m", "--grace", "1s", "held", "--", "sleep", "300")
 	r.WaitState(t, statusfile.Running)
-	s := stoppedHolding(t, root, r, "write", 2, "renew", "held")
+	s := stoppedHolding(t, root, r, stopAt("pread64", true, r.Dir()+"/events.jsonl"), "renew", "held")
 	pid := strconv.Itoa(s.proc.PID)
 
 	code, out, errOut := aw(t, root, "cancel", "--wait", "2s", "held")
@@ -261,36 +291,77 @@ func TestCancelNamesAStoppedLockHolder(t *testing.T) {
 }
 
 // A cancel of a run whose wrapper is dead and lease over is stopped by
-// strace in its first fsync (the intent's, in the journal), holding the
-// run's lock: `watchdog --once` stops the run without it, and the cancel,
-// resumed, finds the run over and changes nothing (exit 0, already).
+// strace while it holds the run's lock: in its first fsync (the intent's,
+// in the journal, whose lock it holds too), or, let go on from there, in
+// its second (its `cancelling` record's, before the rename). `watchdog
+// --once` stops the run without the lock, and the cancel, resumed, finds
+// the run over and changes nothing (exit 0, already): the record stays the
+// watchdog's, though the cancel's rename was due. Where the journal was
+// free, it says lock_bypassed, naming the cancel, and the final line says
+// without_lock.
 func TestWokenCancelChangesNothing(t *testing.T) {
-	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "woken", "--lease", "5m", "--grace", "1s", "woken", "--", "sh", "-c", "sleep 300 & wait")
-	rec := r.WaitState(t, statusfile.Running)
-	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-	unix.Kill(rec.WrapperPID, unix.SIGKILL)
-	c.Wait(t)
-	dl := endLease(t, root, r)
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
-	s := stoppedHolding(t, root, r, "fsync", 1, "cancel", "woken")
+	for _, tc := range []struct {
+		name   string
+		record bool // stopped in the record's fsync; the journal's lock is free
+	}{
+		{"in-the-journals-fsync", false},
+		{"in-the-records-fsync", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := runtest.NewRoot(t)
+			c, r := startRun(t, root, "woken", "--lease", "5m", "--grace", "1s", "woken", "--", "sh", "-c", "sleep 300 & wait")
+			rec := r.WaitState(t, statusfile.Running)
+			runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
+			unix.Kill(rec.WrapperPID, unix.SIGKILL)
+			c.Wait(t)
+			dl := endLease(t, root, r)
+			runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
+			s := stoppedHolding(t, root, r, stopAt("fsync", false, ""), "cancel", "woken")
+			if tc.record {
+				s.cont(t)
+				s.waitStopped(t, r, func() bool {
+					m, _ := filepath.Glob(filepath.Join(r.Dir(), ".status.json.*"))
+					return len(m) == 1
+				})
+			}
+			pid := "pid " + strconv.Itoa(s.proc.PID)
 
-	code, out, errOut := aw(t, root, "watchdog", "--once")
-	act := actions(t, out)["woken"]
-	if code != 0 || act.Action != "stopped" || len(act.WithoutLock) != 1 || !strings.Contains(act.WithoutLock[0], "pid "+strconv.Itoa(s.proc.PID)) {
-		t.Fatalf("watchdog --once: exit %d, %+v\n%s; want woken stopped without the lock of pid %d", code, act, errOut, s.proc.PID)
-	}
-	r.AssertGroupEmpty(t)
-	rec = r.MustStatus(t)
-	if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseLease {
-		t.Fatalf("state %s cause %s, want cancelled by the lease", rec.State, rec.Cause)
-	}
-	final := r.File("status.json")
-	if code := s.resume(t); code != 0 || !strings.Contains(s.out.String(), "already cancelled") {
-		t.Errorf("the resumed cancel: exit %d\n%s\nwant 0, already cancelled", code, s.out.String())
-	}
-	if got := r.File("status.json"); got != final {
-		t.Errorf("the woken cancel changed the record:\n%s\nnow:\n%s", final, got)
+			code, out, errOut := aw(t, root, "watchdog", "--once")
+			act := actions(t, out)["woken"]
+			if code != 0 || act.Action != "stopped" || len(act.WithoutLock) != 1 || !strings.Contains(act.WithoutLock[0], pid) {
+				t.Fatalf("watchdog --once: exit %d, %+v\n%s; want woken stopped without the lock of %s\nrecord:\n%s\njournal:\n%s", code, act, errOut, pid, r.File("status.json"), r.File("events.jsonl"))
+			}
+			r.AssertGroupEmpty(t)
+			rec = r.MustStatus(t)
+			if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseLease {
+				t.Fatalf("state %s cause %s, want cancelled by the lease\njournal:\n%s", rec.State, rec.Cause, r.File("events.jsonl"))
+			}
+			if tc.record {
+				var bypassed, final bool
+				for _, e := range r.Journal(t) {
+					if e.Event == "lock_bypassed" {
+						hs, _ := e.Fields["holders"].([]any)
+						bypassed = len(hs) == 1 && strings.Contains(fmt.Sprint(hs[0]), pid)
+					}
+					if e.Event == "final" {
+						final = e.Fields["without_lock"] == true
+					}
+				}
+				if !bypassed || !final {
+					t.Errorf("journal: lock_bypassed naming %s %v, final without_lock %v: %v", pid, bypassed, final, r.Events(t))
+				}
+			}
+			wrote := r.File("status.json")
+			if code := s.resume(t); code != 0 || !strings.Contains(s.out.String(), "already cancelled") {
+				t.Errorf("the resumed cancel: exit %d\n%s\nwant 0, already cancelled", code, s.out.String())
+			}
+			if got := r.File("status.json"); got != wrote {
+				t.Errorf("the woken cancel changed the record:\n%s\nnow:\n%s", wrote, got)
+			}
+			if code, out, errOut := aw(t, root, "verify", "woken"); code != 0 {
+				t.Errorf("verify: exit %d\n%s%s", code, out, errOut)
+			}
+		})
 	}
 }
 
@@ -413,7 +484,7 @@ func TestWatchdogFinishesAKilledCancel(t *testing.T) {
 	c, r := startRun(t, root, "nolease", "--lease", "0", "--grace", grace.String(), "nolease", "--", "sh", "-c", "sleep 300 & wait")
 	rec := r.WaitState(t, statusfile.Running)
 	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-	s := underStrace(t, root, "pidfd_send_signal", "SIGKILL", 1, "cancel", "nolease")
+	s := underStrace(t, root, []string{"-e", "trace=pidfd_send_signal", "-e", "inject=pidfd_send_signal:signal=SIGKILL:when=1"}, "cancel", "nolease")
 	s.wait(t)
 	if got := r.MustStatus(t); got.State != statusfile.Cancelling || len(runtest.Members(rec.PGID)) != 2 || c.Exited() {
 		t.Fatalf("after the killed cancel: state %s, group %v, wrapper exited %v; want cancelling, the job alive\n%s", got.State, runtest.Members(rec.PGID), c.Exited(), s.out.String())

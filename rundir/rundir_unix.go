@@ -390,6 +390,33 @@ func (d *Dir) WriteOnce(name string, data []byte) error {
 	return f.Close()
 }
 
+// RemoveTemps removes the temp files WriteAtomic left for name
+// (".NAME.RANDOM") and returns their names. A writer stopped half way
+// through its replacement then cannot rename its temp file over a record
+// written since: its rename fails (ENOENT). Only a caller that knows that
+// writer to be stuck may do this.
+func (d *Dir) RemoveTemps(name string) ([]string, error) {
+	f, err := os.Open(d.Path)
+	if err != nil {
+		return nil, err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.Path, err)
+	}
+	var removed []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "."+name+".") {
+			if err := d.Remove(n); err != nil {
+				return removed, err
+			}
+			removed = append(removed, n)
+		}
+	}
+	return removed, nil
+}
+
 // Remove removes the file name, if present.
 func (d *Dir) Remove(name string) error {
 	err := unix.Unlinkat(d.fd, name, 0)

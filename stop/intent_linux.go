@@ -66,12 +66,22 @@ func Intend(d *rundir.Dir, rec, disk *statusfile.Record, event, cause string, f 
 // writeRecord is Intend's write for a caller outside the wrapper. It reads
 // the record again first: a caller that was stopped while it held the
 // lock (in the intent's fsync, say) may wake after a stop that bypassed
-// the lock has written the final record, which it must not replace.
+// the lock has written the final record, which it must not replace. One
+// stopped inside this write finds its temp file removed by that stop, and
+// its rename failing.
 func writeRecord(d *rundir.Dir) func(*statusfile.Record) error {
 	return func(rec *statusfile.Record) error {
 		if disk, err := statusfile.Read(d); err == nil && statusfile.Terminal(disk.State) {
 			return fmt.Errorf("%w: the record is %s", errTakenOver, disk.State)
 		}
-		return statusfile.Write(d, rec, false)
+		err := statusfile.Write(d, rec, false)
+		if err != nil {
+			// Stopped inside the write, its temp file removed by the
+			// stop that went ahead without the lock (stop.Options.Bypass).
+			if disk, rerr := statusfile.Read(d); rerr == nil && statusfile.Terminal(disk.State) {
+				return fmt.Errorf("%w: the record is %s", errTakenOver, disk.State)
+			}
+		}
+		return err
 	}
 }

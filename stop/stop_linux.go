@@ -244,6 +244,13 @@ func (o *Options) lock(d *rundir.Dir, rep *Report) (unlock func(), err error) {
 		}
 		o.journal(d, "lock_bypassed", journal.Fields{"by": o.By, "holders": holders, "waited_ms": held.Waited.Milliseconds()}, true)
 	}
+	// A holder stopped inside its replacement of the record must not
+	// rename it over the one this stop writes, when it wakes.
+	if removed, err := d.RemoveTemps(rundir.StatusFile); err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
+	} else if len(removed) > 0 {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: removed %v, the stuck holder's unfinished record\n", d.ID, removed)
+	}
 	return func() {}, nil
 }
 
