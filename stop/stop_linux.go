@@ -197,8 +197,10 @@ func (o *Options) appendLine(d *rundir.Dir, rep *Report) func(string, journal.Fi
 	}
 }
 
-// A stop that bypassed the run's lock waits this long for the journal's
-// at each line, and the first holder's stop is no longer than that.
+// A stop with Bypass first waits stoppedHolderWait for the run's lock, and
+// goes ahead at once if its holder is stopped then; once it has bypassed
+// the lock, it waits bypassJournalWait for the journal's at each line,
+// since the stuck holder may hold that too.
 const (
 	bypassJournalWait = 100 * time.Millisecond
 	stoppedHolderWait = 200 * time.Millisecond
