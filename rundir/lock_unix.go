@@ -27,11 +27,6 @@ type Holder struct {
 	Self  bool   // this process (another of its goroutines holds the lock)
 }
 
-// Stuck reports whether the holder cannot let go before something else
-// acts on it: it is stopped (SIGSTOP, or at a tracer's stop) or waits in
-// the kernel (state D: a hung disk, say).
-func (h Holder) Stuck() bool { return h.State == 'T' || h.State == 't' || h.State == 'D' }
-
 // Stopped reports whether the holder is stopped (SIGSTOP, or at a tracer's
 // stop): unlike one in state D, which may be a moment's fsync, it lets go
 // of nothing until someone resumes it.
@@ -81,17 +76,6 @@ func (e *HeldError) Error() string {
 
 // Is makes a *HeldError ErrLocked.
 func (e *HeldError) Is(target error) bool { return target == ErrLocked }
-
-// Stuck reports whether a holder was seen and every holder seen is stuck
-// (Holder.Stuck).
-func (e *HeldError) Stuck() bool {
-	for _, h := range e.Holders {
-		if !h.Stuck() {
-			return false
-		}
-	}
-	return len(e.Holders) > 0
-}
 
 // Stopped reports whether a holder was seen and every holder seen is
 // stopped (Holder.Stopped).
