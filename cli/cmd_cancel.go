@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/lease"
+	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/stop"
 )
@@ -79,6 +80,8 @@ func runCancel(e *Env, args []string) int {
 			e.hint("nothing was signalled; 'agent-wrap reconcile %s' explains the run's state", d.ID)
 		case errors.Is(err, stop.ErrNotConfirmed):
 			e.hint("check again with 'agent-wrap reconcile %s'", d.ID)
+		default:
+			e.hintHeld(err)
 		}
 		if *asJSON {
 			e.printCancelAnswer(failedCancelAnswer(d.ID, rep, err))
@@ -159,8 +162,27 @@ func runRenew(e *Env, args []string) int {
 		if errors.Is(err, lease.ErrRefused) {
 			e.hint("'agent-wrap status %s' shows the run; start a new run if the work must go on", dir.ID)
 		}
+		e.hintHeld(err)
 		return ExitFailure
 	}
 	fmt.Fprintf(e.Stdout, "%s: deadline %d (%s)\n", dir.ID, next, time.Unix(next, 0).UTC().Format(time.RFC3339))
 	return ExitOK
+}
+
+// hintHeld says what to do about a run's lock that was still held at the
+// end of the wait (a *rundir.HeldError in err), if that is what err is.
+func (e *Env) hintHeld(err error) {
+	var held *rundir.HeldError
+	if !errors.As(err, &held) {
+		return
+	}
+	h, ok := held.Holder()
+	switch {
+	case ok && h.Stopped():
+		e.hint("pid %d is stopped while it holds the run's lock: 'kill -CONT %d' lets it finish; past the run's lease the watchdog stops the run without the lock", h.PID, h.PID)
+	case ok:
+		e.hint("pid %d holds the run's lock; try again in a moment, and if it keeps it, look at what that process is doing (the watchdog stops the run past its lease without the lock)", h.PID)
+	default:
+		e.hint("try again in a moment; past the run's lease the watchdog stops the run without the lock")
+	}
 }

@@ -16,10 +16,13 @@ func init() {
 		name:     "watchdog",
 		summary:  "stop runs whose lease passed while no wrapper enforced it",
 		synopsis: "watchdog [--once] [--interval D] [--grace D]",
-		help: `One watchdog per run root (it holds a lock). Each pass stops every run whose
-deadline has passed and whose wrapper is dead or has not acted within a few
-seconds, and prints one JSON line per action. cron runs --once; systemd runs
-the loop ('agent-wrap install' sets either up).`,
+		help: `One watchdog per run root (it holds a lock; one that is stopped, or has not
+touched it for 30s, is passed over). Each pass stops every run whose deadline
+has passed and whose wrapper is dead or has not acted within a few seconds,
+and every run left cancelling past its grace + 3s by a stuck or killed
+wrapper or cancel, side by side, without the run's lock when a stopped
+process holds it; it prints one JSON line per action. cron runs --once;
+systemd runs the loop ('agent-wrap install' sets either up).`,
 		exits: "0; 1 the run root could not be watched (another watchdog holds it, or it is unreadable); 64 usage; 78 unsafe run root",
 		run:   runWatchdog,
 	})

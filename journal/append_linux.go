@@ -44,6 +44,10 @@ type Writer struct {
 	end  int64
 	seq  int64
 	prev string
+	// LockWait bounds the wait for the journal's lock (0: rundir.LockWait);
+	// a lock still held then fails the append with a *rundir.HeldError
+	// naming its holder.
+	LockWait time.Duration
 }
 
 // Open opens (creating, mode 0600) the run's events.jsonl for appending.
@@ -97,7 +101,8 @@ func fallocate(fd int, off, n int64) error {
 }
 
 // Append adds one event. Appends from several processes are serialised with
-// flock on the journal file; each reads the journal's current last line
+// flock on the journal file, waited for at most LockWait (a holder that
+// keeps it longer is stuck: the append fails, naming it); each reads the journal's current last line
 // under that lock (or knows it, see Writer), so seq and prev are always
 // right. With sync set, the line is fsynced before Append returns (the file
 // exists from the run's creation, so its directory entry is already
@@ -116,15 +121,13 @@ func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 	defer w.mu.Unlock()
 	file := w.file
 	fd := int(file.Fd())
-	var err error
-	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
-		}
+	wait := w.LockWait
+	if wait <= 0 {
+		wait = rundir.LockWait
 	}
+	err := rundir.FlockWithin(fd, file.Name(), wait)
 	if err != nil {
-		return 0, &os.PathError{Op: "flock", Path: file.Name(), Err: err}
+		return 0, fmt.Errorf("journal %s: %w", event, err)
 	}
 	defer unix.Flock(fd, unix.LOCK_UN)
 	var st unix.Stat_t

@@ -1,7 +1,8 @@
 // Package rundir holds the run root and the run directories below it: run-ID
 // validation, the safety checks on the root, the mkdir claim on an ID, files
 // opened without following symlinks, atomic replacement and the per-run lock
-// (a flock on the run directory itself).
+// (a flock on the run directory itself, never waited for without a bound: a
+// lock still held at the end of the wait names its holders, HeldError).
 //
 // Guarantees: a run ID that fails ValidID never reaches the file system; a
 // root that is a symlink, not owned by the effective user or writable by group

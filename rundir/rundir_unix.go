@@ -307,6 +307,15 @@ func (d *Dir) ReadFile(name string) ([]byte, error) {
 	}
 }
 
+// ModTime is the last modification time of name in the directory.
+func (d *Dir) ModTime(name string) (time.Time, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return time.Time{}, &os.PathError{Op: "stat", Path: filepath.Join(d.Path, name), Err: err}
+	}
+	return time.Unix(st.Mtim.Unix()), nil
+}
+
 // Exists reports whether name exists (as anything) in the directory.
 func (d *Dir) Exists(name string) bool {
 	var st unix.Stat_t
@@ -530,6 +539,33 @@ func (d *Dir) WriteOnce(name string, data []byte) error {
 	return f.Close()
 }
 
+// RemoveTemps removes the temp files WriteAtomic left for name
+// (".NAME.RANDOM") and returns their names. A writer stopped half way
+// through its replacement then cannot rename its temp file over a record
+// written since: its rename fails (ENOENT). Only a caller that knows that
+// writer to be stuck may do this.
+func (d *Dir) RemoveTemps(name string) ([]string, error) {
+	f, err := os.Open(d.Path)
+	if err != nil {
+		return nil, err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.Path, err)
+	}
+	var removed []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "."+name+".") {
+			if err := d.Remove(n); err != nil {
+				return removed, err
+			}
+			removed = append(removed, n)
+		}
+	}
+	return removed, nil
+}
+
 // Remove removes the file name, if present.
 func (d *Dir) Remove(name string) error {
 	err := unix.Unlinkat(d.fd, name, 0)
@@ -548,17 +584,31 @@ func (d *Dir) Sync() error {
 }
 
 // Lock takes the run's exclusive lock, which serialises state transitions
-// between wrapper, renew, cancel, watchdog and gc. It blocks until the lock
-// is free; unlock releases it. The lock is a flock on the run directory
-// itself (no file to create, no open: the directory's descriptor is
-// already held), and, for a run made by an agent-wrap that locked a `lock`
-// file instead, on that file as well (always after the directory), so an
-// older wrapper still supervising such a run and a newer command serialise
-// with each other. Goroutines of one process that lock the same Dir wait
-// for each other too.
-func (d *Dir) Lock() (unlock func(), err error) {
-	d.rw.Lock()
-	u, err := d.flock(unix.LOCK_EX)
+// between wrapper, renew, cancel, watchdog and gc, waiting at most LockWait
+// (LockWithin). The lock is a flock on the run directory itself (no file to
+// create, no open: the directory's descriptor is already held), and, for a
+// run made by an agent-wrap that locked a `lock` file instead, on that file
+// as well (always after the directory), so an older wrapper still
+// supervising such a run and a newer command serialise with each other.
+// Goroutines of one process that lock the same Dir wait for each other too.
+func (d *Dir) Lock() (unlock func(), err error) { return d.LockWithin(LockWait) }
+
+// LockWithin is Lock waiting at most wait (0: one try). A lock still held
+// then is a *HeldError (errors.Is ErrLocked) that names the processes
+// holding it, by PID, start time, state and executable, so a caller can
+// tell a holder that is merely slow from one that is stopped or hung, and
+// say whom the user should look at.
+func (d *Dir) LockWithin(wait time.Duration) (unlock func(), err error) {
+	start := time.Now()
+	until := start.Add(wait)
+	for pause := time.Millisecond; !d.rw.TryLock(); pause = min(2*pause, 25*time.Millisecond) {
+		left := time.Until(until)
+		if left <= 0 {
+			return nil, &HeldError{Path: d.Path, Waited: time.Since(start), Holders: holdersOf(d.fd)}
+		}
+		time.Sleep(min(pause, left))
+	}
+	u, err := d.flock(unix.LOCK_EX, start, until)
 	if err != nil {
 		d.rw.Unlock()
 		return nil, err
@@ -576,7 +626,8 @@ func (d *Dir) tryLockShared() (unlock func(), err error) {
 	d.readersMu.Lock()
 	defer d.readersMu.Unlock()
 	if d.readers == 0 {
-		u, err := d.flock(unix.LOCK_SH | unix.LOCK_NB)
+		now := time.Now()
+		u, err := d.flock(unix.LOCK_SH, now, now)
 		if err != nil {
 			d.rw.RUnlock()
 			return nil, err
@@ -595,10 +646,11 @@ func (d *Dir) tryLockShared() (unlock func(), err error) {
 	}, nil
 }
 
-// flock locks the directory and, where there is one, the legacy lock file.
-func (d *Dir) flock(how int) (unlock func(), err error) {
-	if err := flockRetry(d.fd, how); err != nil {
-		return nil, d.lockErr(d.Path, err)
+// flock locks the directory and, where there is one, the legacy lock file,
+// waiting until until at most (a lock still held then is a *HeldError).
+func (d *Dir) flock(how int, start, until time.Time) (unlock func(), err error) {
+	if err := flockUntil(d.fd, d.Path, how, start, until); err != nil {
+		return nil, err
 	}
 	dirUnlock := func() { _ = unix.Flock(d.fd, unix.LOCK_UN) }
 	if !d.legacyLock {
@@ -612,28 +664,12 @@ func (d *Dir) flock(how int) (unlock func(), err error) {
 		dirUnlock()
 		return nil, err
 	}
-	if err := flockRetry(int(f.Fd()), how); err != nil {
+	if err := flockUntil(int(f.Fd()), f.Name(), how, start, until); err != nil {
 		f.Close()
 		dirUnlock()
-		return nil, d.lockErr(f.Name(), err)
+		return nil, err
 	}
 	return func() { f.Close(); dirUnlock() }, nil
-}
-
-func (d *Dir) lockErr(path string, err error) error {
-	if err == unix.EWOULDBLOCK {
-		return fmt.Errorf("run %s: %w", d.ID, ErrLocked)
-	}
-	return &os.PathError{Op: "flock", Path: path, Err: err}
-}
-
-func flockRetry(fd, how int) error {
-	for {
-		err := unix.Flock(fd, how)
-		if err != unix.EINTR {
-			return err
-		}
-	}
 }
 
 // RLock takes the run's lock shared, for a reader that must not see a
@@ -677,12 +713,14 @@ func (r *Root) RemoveAll(id string) error {
 	return os.RemoveAll(filepath.Join(r.Path, id))
 }
 
-// ErrLocked is returned by Root.TryLock when another process holds the lock.
+// ErrLocked is what a lock still held at the end of its wait is (see
+// HeldError, which names the holders).
 var ErrLocked = errors.New("locked by another process")
 
 // TryLock takes an exclusive, non-blocking flock on the root-level file
 // name (a dot-file, so it is never listed as a run), e.g. the watchdog's
-// one-instance-per-root lock. ErrLocked means someone else holds it.
+// one-instance-per-root lock. A *HeldError (ErrLocked) means someone else
+// holds it, and names who.
 func (r *Root) TryLock(name string) (unlock func(), err error) {
 	fd, err := unix.Openat(r.fd, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err == unix.EROFS {
@@ -693,12 +731,28 @@ func (r *Root) TryLock(name string) (unlock func(), err error) {
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: filepath.Join(r.Path, name), Err: err}
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	now := time.Now()
+	if err := flockUntil(fd, filepath.Join(r.Path, name), unix.LOCK_EX, now, now); err != nil {
 		unix.Close(fd)
-		if err == unix.EWOULDBLOCK {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(r.Path, name), ErrLocked)
-		}
-		return nil, &os.PathError{Op: "flock", Path: filepath.Join(r.Path, name), Err: err}
+		return nil, err
 	}
 	return func() { unix.Close(fd) }, nil
+}
+
+// Touch sets the modification time of the root-level file name to now: a
+// holder of a lock on it (the watchdog) says so that it is still at work.
+func (r *Root) Touch(name string) error {
+	if err := unix.UtimesNanoAt(r.fd, name, nil, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "utimensat", Path: filepath.Join(r.Path, name), Err: err}
+	}
+	return nil
+}
+
+// Age is how long ago the root-level file name was last modified.
+func (r *Root) Age(name string) (time.Duration, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(r.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return 0, &os.PathError{Op: "stat", Path: filepath.Join(r.Path, name), Err: err}
+	}
+	return time.Since(time.Unix(st.Mtim.Unix())), nil
 }

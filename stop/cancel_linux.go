@@ -70,13 +70,17 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		} else {
 			defer wr.Close()
 		}
-		if err := requestCancel(d, o.PID); err != nil {
+		final, err := requestCancel(d, o.PID, min(rundir.LockWait, time.Until(until)))
+		if final != nil {
+			return &Report{Record: final, Already: true}, nil
+		}
+		if err != nil {
 			if !errors.Is(err, errNotRecorded) {
 				return nil, fmt.Errorf("run %s: %w", d.ID, err)
 			}
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
 		}
-		err := Signal(wid, unix.SIGTERM)
+		err = Signal(wid, unix.SIGTERM)
 		if err != nil && !errors.Is(err, proc.ErrGone) {
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot signal the wrapper %d: %v\n", d.ID, rec.WrapperPID, err)
 		}
@@ -116,7 +120,8 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 	if g < 0 {
 		g = time.Duration(rec.GraceSeconds * float64(time.Second))
 	}
-	return Outside(d, Options{Grace: g, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel", Diag: o.Diag, Fields: journal.Fields{"pid": o.PID}})
+	return Outside(d, Options{Grace: g, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel", Diag: o.Diag, Fields: journal.Fields{"pid": o.PID},
+		LockWait: min(max(time.Until(until), time.Second), rundir.LockWait)})
 }
 
 // wrapperAlive: the pinned wrapper has not exited, or, without a pin, the
@@ -128,24 +133,37 @@ func wrapperAlive(wr *proc.Pinned, rec *statusfile.Record) bool {
 	return membership.WrapperAlive(rec)
 }
 
-// requestCancel records the cancel under the run's lock, unless the run is
-// already over or stopping, in which case its first cause stands.
-func requestCancel(d *rundir.Dir, pid int) error {
-	unlock, err := d.Lock()
+// requestCancel records the cancel under the run's lock, waiting for it at
+// most wait, unless the run is already over or stopping, in which case its
+// first cause stands. A final record found (at once, or after this
+// process was stuck while it held the lock and the run was stopped
+// without it) is returned, and nothing is written.
+func requestCancel(d *rundir.Dir, pid int, wait time.Duration) (*statusfile.Record, error) {
+	unlock, err := d.LockWithin(wait)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("cannot record the cancel: %w", err)
 	}
 	defer unlock()
 	rec, err := statusfile.ReadOrRebuild(d)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if statusfile.Terminal(rec.State) || rec.State == statusfile.Cancelling {
-		return nil
+	if statusfile.Terminal(rec.State) {
+		return rec, nil
+	}
+	if rec.State == statusfile.Cancelling {
+		return nil, nil
 	}
 	_, err = Intend(d, rec, rec, "cancel_requested", statusfile.CauseCancel, journal.Fields{"by": "cancel", "pid": pid}, nil, writeRecord(d))
-	if errors.Is(err, errNotJournaled) {
-		return fmt.Errorf("%w, so nothing was signalled", err)
+	if errors.Is(err, errTakenOver) {
+		final, rerr := statusfile.Read(d)
+		if rerr != nil {
+			return nil, rerr
+		}
+		return final, nil
 	}
-	return err
+	if errors.Is(err, errNotJournaled) {
+		return nil, fmt.Errorf("%w, so nothing was signalled", err)
+	}
+	return nil, err
 }

@@ -19,6 +19,10 @@ var (
 	// could not be written. The synced line is the durable fact; a record
 	// that cannot be written (a full disk) must not keep the job running.
 	errNotRecorded = errors.New("the intent is journaled, but the cancelling record could not be written")
+	// errTakenOver (with errNotRecorded): the record was made final
+	// meanwhile, by a stop that went ahead without the run's lock while
+	// this process held it and was stuck. That record stands.
+	errTakenOver = errors.New("the run was stopped meanwhile by another process")
 )
 
 // Intend records the intent to stop the run in d, before any signal: unless
@@ -54,12 +58,30 @@ func Intend(d *rundir.Dir, rec, disk *statusfile.Record, event, cause string, f 
 	}
 	rec.State, rec.Cause = statusfile.Cancelling, cause
 	if err := write(rec); err != nil {
-		return cause, fmt.Errorf("%w: %v", errNotRecorded, err)
+		return cause, fmt.Errorf("%w: %w", errNotRecorded, err)
 	}
 	return cause, nil
 }
 
-// writeRecord is Intend's write for a caller outside the wrapper.
+// writeRecord is Intend's write for a caller outside the wrapper. It reads
+// the record again first: a caller that was stopped while it held the
+// lock (in the intent's fsync, say) may wake after a stop that bypassed
+// the lock has written the final record, which it must not replace. One
+// stopped inside this write finds its temp file removed by that stop, and
+// its rename failing.
 func writeRecord(d *rundir.Dir) func(*statusfile.Record) error {
-	return func(rec *statusfile.Record) error { return statusfile.Write(d, rec, false) }
+	return func(rec *statusfile.Record) error {
+		if disk, err := statusfile.Read(d); err == nil && statusfile.Terminal(disk.State) {
+			return fmt.Errorf("%w: the record is %s", errTakenOver, disk.State)
+		}
+		err := statusfile.Write(d, rec, false)
+		if err != nil {
+			// Stopped inside the write, its temp file removed by the
+			// stop that went ahead without the lock (stop.Options.Bypass).
+			if disk, rerr := statusfile.Read(d); rerr == nil && statusfile.Terminal(disk.State) {
+				return fmt.Errorf("%w: the record is %s", errTakenOver, disk.State)
+			}
+		}
+		return err
+	}
 }

@@ -29,6 +29,18 @@ type Options struct {
 	// its intent could not be journaled: the final record says so, and
 	// the journal too.
 	IntentUnrecorded bool
+	// LockWait bounds each wait for the run's lock (0: rundir.LockWait).
+	LockWait time.Duration
+	// Bypass lets the stop go ahead without the run's lock when a holder
+	// keeps it through LockWait, or at once when the holder is stopped
+	// (SIGSTOP, a tracer's stop): a stuck agent-wrap process must not
+	// keep a run alive past its lease. The watchdog sets it, for a run
+	// whose deadline has passed. The stop then journals lock_bypassed,
+	// naming the holder, and its final line says without_lock; a holder
+	// that wakes afterwards finds the final record and changes nothing.
+	Bypass bool
+
+	journalWait time.Duration // each journal line's wait for its lock (0: rundir.LockWait)
 }
 
 // Report is what an outside stop did.
@@ -40,6 +52,9 @@ type Report struct {
 	// IntentUnrecorded: the intent could not be journaled, and the stop
 	// went ahead anyway (the lease is the last word).
 	IntentUnrecorded bool
+	// WithoutLock names the holders of the run's lock when the stop went
+	// ahead without it (Options.Bypass); nil when it had the lock.
+	WithoutLock []rundir.Holder
 }
 
 // ErrRefused is returned (wrapped) when validation fails and nothing was
@@ -60,7 +75,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		o.Diag = io.Discard
 	}
 	rep := &Report{IntentUnrecorded: o.IntentUnrecorded}
-	unlock, err := d.Lock()
+	unlock, err := o.lock(d, rep)
 	if err != nil {
 		return nil, err
 	}
@@ -96,18 +111,23 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if rec.Rebuilt {
 		o.journal(d, "record_rebuilt", journal.Fields{"by": o.By, "state": rec.State, "pid": rec.PID}, false)
 	}
-	cause, err := Intend(d, rec, rec, o.Intent, o.Cause, f, nil, writeRecord(d))
-	if errors.Is(err, errNotJournaled) {
+	cause, err := Intend(d, rec, rec, o.Intent, o.Cause, f, o.appendLine(d, rep), writeRecord(d))
+	switch {
+	case errors.Is(err, errTakenOver):
+		unlock()
+		return o.takenOver(d, rep)
+	case errors.Is(err, errNotJournaled):
 		// The lease is the last word: a journal that cannot be written
-		// (a read-only file system) does not keep the run alive. The
-		// record says the intent went unrecorded, where it can be written.
+		// (a read-only file system, or a stuck holder of the journal's
+		// lock) does not keep the run alive. The record says the intent
+		// went unrecorded, where it can be written.
 		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v; stopping anyway, and recording that the intent is not on record\n", d.ID, err)
 		rec.State, rec.Cause, rec.IntentUnrecorded = statusfile.Cancelling, cause, true
 		rep.IntentUnrecorded = true
 		if werr := statusfile.Write(d, rec, false); werr != nil {
 			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot write the cancelling record either: %v\n", d.ID, werr)
 		}
-	} else if err != nil {
+	case err != nil:
 		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v (stopping anyway)\n", d.ID, err)
 	}
 	unlock()
@@ -161,16 +181,112 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 // journal appends an event; a failure is reported on Diag, as the wrapper
 // reports its own.
 func (o Options) journal(d *rundir.Dir, event string, f journal.Fields, sync bool) {
-	if _, err := journal.Append(d, event, f, sync); err != nil {
+	if _, err := o.appendOne(d, event, f, sync); err != nil {
 		fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot journal %s: %v\n", d.ID, event, err)
 	}
+}
+
+// appendOne journals one line, waiting for the journal's lock at most
+// o.journalWait.
+func (o Options) appendOne(d *rundir.Dir, event string, f journal.Fields, sync bool) (int64, error) {
+	w, err := journal.Open(d)
+	if err != nil {
+		return 0, fmt.Errorf("journal %s: %w", event, err)
+	}
+	defer w.Close()
+	w.LockWait = o.journalWait
+	return w.Append(event, f, sync)
+}
+
+// appendLine is Intend's journal for this stop: after the run's lock was
+// bypassed (rep.WithoutLock), the journal's lock is waited for only
+// briefly, since the stuck holder may hold it too.
+func (o *Options) appendLine(d *rundir.Dir, rep *Report) func(string, journal.Fields, bool) error {
+	if rep.WithoutLock != nil {
+		o.journalWait = bypassJournalWait
+	}
+	return func(event string, f journal.Fields, sync bool) error {
+		_, err := o.appendOne(d, event, f, sync)
+		return err
+	}
+}
+
+// A stop with Bypass first waits stoppedHolderWait for the run's lock, and
+// goes ahead at once if its holder is stopped then; once it has bypassed
+// the lock, it waits bypassJournalWait for the journal's at each line,
+// since the stuck holder may hold that too.
+const (
+	bypassJournalWait = 100 * time.Millisecond
+	stoppedHolderWait = 200 * time.Millisecond
+)
+
+// lock takes the run's lock for a stop: at most o.LockWait, and with
+// o.Bypass, not at all when a holder keeps it through that wait, or is
+// stopped. Going ahead without it is journaled (lock_bypassed, naming the
+// holders) and rep.WithoutLock set; the unlock is then a no-op.
+func (o *Options) lock(d *rundir.Dir, rep *Report) (unlock func(), err error) {
+	wait := o.LockWait
+	if wait <= 0 {
+		wait = rundir.LockWait
+	}
+	var held *rundir.HeldError
+	first := wait
+	if o.Bypass {
+		first = min(wait, stoppedHolderWait)
+	}
+	unlock, err = d.LockWithin(first)
+	if errors.As(err, &held) && !held.Stopped() && wait > first {
+		unlock, err = d.LockWithin(wait - first)
+		if errors.As(err, &held) {
+			held.Waited += first
+		}
+	}
+	if err == nil {
+		return unlock, nil
+	}
+	if !o.Bypass || !errors.As(err, &held) {
+		return nil, fmt.Errorf("run %s: %w", d.ID, err)
+	}
+	if rep.WithoutLock == nil {
+		rep.WithoutLock = held.Holders
+		if rep.WithoutLock == nil {
+			rep.WithoutLock = []rundir.Holder{}
+		}
+		o.journalWait = bypassJournalWait
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v; stopping the run without the lock (its lease is over)\n", d.ID, held)
+		holders := make([]string, len(held.Holders))
+		for i, h := range held.Holders {
+			holders[i] = h.String()
+		}
+		o.journal(d, "lock_bypassed", journal.Fields{"by": o.By, "holders": holders, "waited_ms": held.Waited.Milliseconds()}, true)
+	}
+	// A holder stopped inside its replacement of the record must not
+	// rename it over the one this stop writes, when it wakes.
+	if removed, err := d.RemoveTemps(rundir.StatusFile); err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
+	} else if len(removed) > 0 {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: removed %v, the stuck holder's unfinished record\n", d.ID, removed)
+	}
+	return func() {}, nil
+}
+
+// takenOver is what a stop that finds the run's final record written
+// meanwhile (by a stop that bypassed its stuck lock) reports: that record,
+// untouched.
+func (o Options) takenOver(d *rundir.Dir, rep *Report) (*Report, error) {
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		return nil, err
+	}
+	rep.Record, rep.Already = rec, true
+	return rep, nil
 }
 
 func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Options) (*Report, error) {
 	if survivors == nil {
 		survivors = []int{}
 	}
-	unlock, err := d.Lock()
+	unlock, err := o.lock(d, rep)
 	if err != nil {
 		return rep, err
 	}
@@ -197,7 +313,11 @@ func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Optio
 	}
 	// The final line follows a final record that landed, never one that
 	// did not.
-	o.journal(d, "final", journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}, true)
+	f := journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}
+	if rep.WithoutLock != nil {
+		f["without_lock"] = true
+	}
+	o.journal(d, "final", f, true)
 	rep.Record = rec
 	return rep, nil
 }

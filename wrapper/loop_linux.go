@@ -148,9 +148,12 @@ func (s *supervisor) beginCancel(cause, event string) string {
 // The wrapper stops its job even when the intent cannot be journaled (it is
 // the job's last line of defence), and says so.
 func (s *supervisor) intend(event, cause string, f journal.Fields) string {
-	disk := s.readRecord() // read once: Intend decides on it, and the write checks it
+	disk := s.readRecord()
 	cause, err := stop.Intend(s.d, &s.rec, disk, event, cause, f, s.appendJournal, func(*statusfile.Record) error {
-		s.replaceRecord(disk, false) // warns itself
+		// Read again after the journal's fsync: a wrapper stopped there
+		// may wake after the watchdog stopped the run without the lock,
+		// and its final record stands (replaceRecord keeps it).
+		s.replaceRecord(s.readRecord(), false) // warns itself
 		return nil
 	})
 	if err != nil {
