@@ -268,17 +268,19 @@ func readSmall(path string, buf []byte) ([]byte, error) {
 	}
 }
 
-// Descendants returns the stats of every process below pid, children
-// first, found by following Children down the tree (a few reads per
-// process of the tree, none for the rest of the host). ok is false where
-// Children is not supported; the caller then uses Scan. A process that
-// exits during the walk is left out, and so can its children be (they are
-// reparented while the walk passes): one walk is a look, not a proof.
-func Descendants(pid int) (out []Stat, ok bool) {
+// Descendants returns the stats of every process below pid, parents
+// before their children. It follows Children down the tree (a few reads
+// per process of the tree, none for the rest of the host); where the
+// kernel has no children files it reads the whole table (Scan) and follows
+// the parent links. A process that exits during the walk is left out, and
+// so can its children be (they are reparented while the walk passes): one
+// walk is a look, not a proof.
+func Descendants(pid int) ([]Stat, error) {
 	queue, ok := Children(pid)
 	if !ok {
-		return nil, false
+		return descendantsByScan(pid)
 	}
+	var out []Stat
 	seen := map[int]bool{}
 	var buf [1024]byte
 	for len(queue) > 0 {
@@ -299,5 +301,33 @@ func Descendants(pid int) (out []Stat, ok bool) {
 		more, _ := Children(c)
 		queue = append(queue, more...)
 	}
-	return out, true
+	return out, nil
+}
+
+func descendantsByScan(pid int) ([]Stat, error) {
+	all, err := Scan()
+	if err != nil {
+		return nil, err
+	}
+	children := map[int][]int{}
+	byPID := make(map[int]Stat, len(all))
+	for _, p := range all {
+		children[p.PPID] = append(children[p.PPID], p.PID)
+		byPID[p.PID] = p
+	}
+	var out []Stat
+	seen := map[int]bool{}
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			if !seen[c] {
+				seen[c] = true
+				out = append(out, byPID[c])
+				queue = append(queue, c)
+			}
+		}
+	}
+	return out, nil
 }

@@ -74,9 +74,9 @@ func TestLoopKillsWhatIgnoresTerm(t *testing.T) {
 	var s sent
 	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}
 	start := time.Now()
-	stopped, survivors := loop.Run(300 * time.Millisecond)
-	if len(stopped) != 2 || len(survivors) != 0 {
-		t.Fatalf("stopped %v, survivors %v; want 2 stopped, none surviving", stopped, survivors)
+	res := loop.Run(300 * time.Millisecond)
+	if len(res.Stopped) != 2 || len(res.Survivors) != 0 || !res.Proven {
+		t.Fatalf("%+v; want 2 stopped, none surviving, proven", res)
 	}
 	if len(s.sigs) < 2 || s.sigs[0] != unix.SIGTERM || s.sigs[len(s.sigs)-1] != unix.SIGKILL {
 		t.Fatalf("signals sent: %v, want TERM then KILL", s.sigs)
@@ -98,9 +98,9 @@ while :; do sleep 0.05; done`)
 	var s sent
 	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}
 	start := time.Now()
-	_, survivors := loop.Run(time.Minute)
-	if len(survivors) != 0 {
-		t.Fatalf("survivors %v", survivors)
+	res := loop.Run(time.Minute)
+	if len(res.Survivors) != 0 {
+		t.Fatalf("survivors %v", res.Survivors)
 	}
 	for _, sig := range s.sigs {
 		if sig == unix.SIGKILL {
