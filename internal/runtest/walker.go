@@ -201,7 +201,14 @@ func SecondUser(t testing.TB) *User {
 		t.Fatalf("useradd %s: %v\n%s", name, err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
+		// userdel refuses while a process of the user exists, a zombie
+		// that PID 1 has not reaped yet included.
+		var out []byte
+		var err error
+		if !Within(10*time.Second, func() bool {
+			out, err = exec.Command("userdel", name).CombinedOutput()
+			return err == nil
+		}) {
 			t.Logf("userdel %s: %v: %s", name, err, out)
 		}
 	})
