@@ -309,10 +309,6 @@ func describe(e journal.Entry) (string, string) {
 		if s := list(f["survivors"]); s != "-" {
 			return KindProblem, t + ", SURVIVORS " + s
 		}
-		if v, ok := f["survivors"]; ok && v == nil {
-			// null: the stop had no proof beyond the job's session.
-			return KindProblem, t + ", survivors unknown" + opt(" (containment ", str(f, "containment"), ")")
-		}
 		return KindInfo, t
 	case "authority_revoked":
 		t := "authority revoked: " + orDash(str(f, "channel"))
@@ -341,6 +337,10 @@ func describe(e journal.Entry) (string, string) {
 		t := fmt.Sprintf("final: %s%s, exit %s%s", str(f, "state"), opt(" (", str(f, "cause"), ")"), compact(f["exit_code"]), opt(", signal ", str(f, "signal")))
 		if s := list(f["survivors"]); s != "-" {
 			return KindProblem, t + ", SURVIVORS " + s
+		}
+		if v, ok := f["survivors"]; ok && v == nil {
+			// null: the stop had no proof beyond the job's session.
+			return KindProblem, t + ", survivors unknown" + opt(" (containment ", str(f, "containment"), ")")
 		}
 		if _, ok := f["survivors"]; ok {
 			t += ", nothing survived"
