@@ -101,15 +101,18 @@ func (l Loop) Run(grace time.Duration) Result {
 			l.Sweep()
 		}
 	}
-	left, proven := l.prove(ms)
+	left, proven := l.prove(ms, len(res.Stopped) > 0)
 	res.Survivors, res.Proven = pids(left), proven
 	return res
 }
 
 // prove is the second phase: freeze and KILL what is found, until two
 // looks in a row find nothing and Empty agrees, or killWait passes. ms are
-// the members left from the grace (nil: look first).
-func (l Loop) prove(ms []membership.Member) (left []membership.Member, proven bool) {
+// the members left from the grace (nil: look first); swept says Sweep has
+// been called. When Empty disagrees with a look that found nothing (the
+// cgroup holds a process no look can see, in a cgroup of its own below
+// the run's, say), Sweep is called then, once.
+func (l Loop) prove(ms []membership.Member, swept bool) (left []membership.Member, proven bool) {
 	until := time.Now().Add(killWait)
 	empty, again := 0, false
 	killed := map[proc.Identity]bool{}
@@ -124,6 +127,10 @@ func (l Loop) prove(ms []membership.Member) (left []membership.Member, proven bo
 				empty = 0
 				if !time.Now().Before(until) {
 					return nil, false
+				}
+				if l.Sweep != nil && !swept {
+					l.Sweep()
+					swept = true
 				}
 				l.Wake(nil, firstWake)
 			}
