@@ -84,11 +84,21 @@ func (h *host) wantContainment() string {
 
 // assertProven checks a final record that says nothing survived, and the
 // proof it names.
-func assertProven(t *testing.T, rec *statusfile.Record, state, containment string) {
+func assertProven(t *testing.T, r runtest.Run, rec *statusfile.Record, state, containment string) {
 	t.Helper()
 	if rec.State != state || rec.Containment != containment || rec.Survivors == nil || len(rec.Survivors) != 0 {
-		t.Fatalf("final record: state %s containment %q survivors %#v; want %s, %s, []", rec.State, rec.Containment, rec.Survivors, state, containment)
+		t.Fatalf("final record: state %s containment %q survivors %#v; want %s, %s, []%s", rec.State, rec.Containment, rec.Survivors, state, containment, diag(r))
 	}
+}
+
+// diag is the run's record and the end of its journal, for a failure
+// message.
+func diag(r runtest.Run) string {
+	lines := strings.Split(strings.TrimSpace(r.File("events.jsonl")), "\n")
+	if len(lines) > 30 {
+		lines = lines[len(lines)-30:]
+	}
+	return "\nstatus.json:\n" + r.File("status.json") + "journal (last lines):\n" + strings.Join(lines, "\n")
 }
 
 // A job whose processes keep forking a child that calls setsid and then
@@ -118,7 +128,7 @@ func TestWalkingJobStopped(t *testing.T) {
 				switch end {
 				case "cancel":
 					if code, out, stderr := h.aw(t, "cancel", "walk"); code != 0 {
-						t.Fatalf("cancel: exit %d\n%s%s", code, out, stderr)
+						t.Fatalf("cancel: exit %d\n%s%s%s", code, out, stderr, diag(r))
 					}
 				case "lease":
 					if code, _, stderr := h.aw(t, "renew", "--lease", "1s", "walk"); code != 0 {
@@ -126,6 +136,9 @@ func TestWalkingJobStopped(t *testing.T) {
 					}
 				}
 				code := c.Wait(t)
+				if live := w.Alive(); len(live) > 0 {
+					t.Errorf("walkers alive after the run ended: %v%s", live, diag(r))
+				}
 				w.AssertAllDead(t)
 				rec := r.MustStatus(t)
 				want := map[string]struct {
@@ -133,9 +146,9 @@ func TestWalkingJobStopped(t *testing.T) {
 					code  int
 				}{"cancel": {statusfile.Cancelled, 143}, "lease": {statusfile.Cancelled, 124}, "leader-walks": {statusfile.Finished, 0}}[end]
 				if code != want.code {
-					t.Fatalf("run: exit %d, want %d\n%s", code, want.code, c.Stderr.String())
+					t.Fatalf("run: exit %d, want %d\n%s%s", code, want.code, c.Stderr.String(), diag(r))
 				}
-				assertProven(t, rec, want.state, h.wantContainment())
+				assertProven(t, r, rec, want.state, h.wantContainment())
 				t.Logf("the walker made %d processes; journal: %d lines", len(w.Made()), len(r.Journal(t)))
 				if rc, out, _ := h.aw(t, "reconcile", "--json", "walk"); rc != 0 {
 					t.Fatalf("reconcile: exit %d: %s", rc, out)
@@ -182,7 +195,7 @@ func TestWalkingJobWatchdogAfterWrapperKilled(t *testing.T) {
 			code, v := verdictOn(t, h, "walk")
 			if cg {
 				w.AssertAllDead(t)
-				assertProven(t, final, statusfile.Cancelled, statusfile.ContainmentCgroup)
+				assertProven(t, r, final, statusfile.Cancelled, statusfile.ContainmentCgroup)
 				if code != 0 || v.Outcome != reconcile.Cancelled {
 					t.Fatalf("reconcile: exit %d outcome %s: %s", code, v.Outcome, v.Reason)
 				}
