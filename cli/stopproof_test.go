@@ -123,7 +123,7 @@ func TestWalkingJobStopped(t *testing.T) {
 				c, r := h.start(t, "walk", append([]string{"--lease", "5m", "--grace", "1s", "walk", "--"}, w.Argv...)...)
 				if mode == "children" {
 					r.WaitState(t, statusfile.Running)
-					w.WaitWalking(t, 200)
+					w.WaitWalking(t, 50)
 				}
 				switch end {
 				case "cancel":
@@ -175,7 +175,7 @@ func TestWalkingJobWatchdogAfterWrapperKilled(t *testing.T) {
 			w := runtest.NewWalker(t, "children", walkerLife, h.uid())
 			c, r := h.start(t, "walk", append([]string{"--lease", "5m", "--grace", "1s", "walk", "--"}, w.Argv...)...)
 			rec := r.WaitState(t, statusfile.Running)
-			w.WaitWalking(t, 200)
+			w.WaitWalking(t, 50)
 			if err := stop.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
