@@ -10,9 +10,10 @@ import (
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
-// killWait bounds how long KILL is repeated before the survivors are
-// recorded. KILL cannot be caught; only a process stuck in the kernel
-// (state D on a dead NFS mount, say) outlives it.
+// killWait bounds the proof: how long processes are frozen and KILLed
+// before what is left is recorded as survivors. KILL cannot be caught;
+// only a process stuck in the kernel (state D on a dead NFS mount, say)
+// outlives it.
 const killWait = 10 * time.Second
 
 // Wake intervals while waiting for members to die: the first wait, and the
@@ -51,7 +52,8 @@ type Loop struct {
 	// reports whether it was woken by an event rather than the time.
 	Wake func(ms []membership.Member, d time.Duration) bool
 	// Sweep, if set, ends every stop that found a member: it is called
-	// once, after the grace, before the proof.
+	// once, after the grace, before the proof; and once in the proof when
+	// a look finds no member but Empty disagrees.
 	Sweep func()
 	// Empty, if set, is the caller's proof that nothing of the run is left
 	// where Members cannot see: the run's cgroup is unpopulated, its
