@@ -86,26 +86,23 @@ type Input struct {
 
 // Evidence is what a verdict shows of its input, as printed by --json.
 type Evidence struct {
-	State        string   `json:"state"` // "" when the record is unreadable
-	Cause        string   `json:"cause,omitempty"`
-	ExitCode     *int     `json:"exit_code,omitempty"` // the recorded exit_code of a terminal record
-	RecordError  string   `json:"record_error,omitempty"`
-	Boundary     string   `json:"boundary,omitempty"` // what contains the run: cgroup or session+subreaper
-	WrapperPID   int      `json:"wrapper_pid,omitempty"`
-	WrapperAlive bool     `json:"wrapper_alive"`
-	Members      []Member `json:"members"`
-	MembersError string   `json:"members_error,omitempty"`
-	Rejected     []string `json:"rejected,omitempty"`
-	Survivors    []int    `json:"survivors,omitempty"` // recorded survivors of the final KILL
-	// Containment is what the final record vouches for: cgroup (seen
-	// unpopulated), subreaper (its wrapper had no child left) or session
-	// (nothing beyond the session and the recorded escapes could be seen).
-	Containment    string `json:"containment,omitempty"`
-	BootChanged    bool   `json:"boot_changed"`
-	Deadline       *int64 `json:"deadline"` // Unix seconds; null: no lease
-	DeadlinePassed bool   `json:"deadline_passed"`
-	DeadlineError  string `json:"deadline_error,omitempty"`
-	LockBusy       bool   `json:"lock_busy,omitempty"`
+	State          string   `json:"state"` // "" when the record is unreadable
+	Cause          string   `json:"cause,omitempty"`
+	ExitCode       *int     `json:"exit_code,omitempty"` // the recorded exit_code of a terminal record
+	RecordError    string   `json:"record_error,omitempty"`
+	Boundary       string   `json:"boundary,omitempty"` // what contains the run: cgroup or session+subreaper
+	WrapperPID     int      `json:"wrapper_pid,omitempty"`
+	WrapperAlive   bool     `json:"wrapper_alive"`
+	Members        []Member `json:"members"`
+	MembersError   string   `json:"members_error,omitempty"`
+	Rejected       []string `json:"rejected,omitempty"`
+	Survivors      []int    `json:"survivors,omitempty"`   // recorded survivors of the final KILL
+	Containment    string   `json:"containment,omitempty"` // what the final record vouches for: cgroup, subreaper or session
+	BootChanged    bool     `json:"boot_changed"`
+	Deadline       *int64   `json:"deadline"` // Unix seconds; null: no lease
+	DeadlinePassed bool     `json:"deadline_passed"`
+	DeadlineError  string   `json:"deadline_error,omitempty"`
+	LockBusy       bool     `json:"lock_busy,omitempty"`
 }
 
 // Verdict is the answer for one run.

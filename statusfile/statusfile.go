@@ -126,11 +126,8 @@ type Record struct {
 	Boundary     string    `json:"boundary,omitempty"`
 	Cgroup       string    `json:"cgroup,omitempty"`
 	Escaped      []Escaped `json:"escaped,omitempty"`
-	// Containment is what the final record can vouch for (see
-	// ContainmentCgroup and the others); "" in a live record, and in a
-	// final one written before agent-wrap recorded it.
-	Containment string `json:"containment,omitempty"`
-	Survivors   []int  `json:"survivors"`
+	Containment  string    `json:"containment,omitempty"` // a final record's proof (ContainmentCgroup...); "" while live
+	Survivors    []int     `json:"survivors"`
 	// AgentSocket is the run's scoped SSH agent socket (the job's
 	// SSH_AUTH_SOCK), while and after it existed.
 	AgentSocket string `json:"agent_socket,omitempty"`
