@@ -1,6 +1,7 @@
 package cgroup
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -80,5 +81,56 @@ func TestProcsListsMembers(t *testing.T) {
 	}
 	if got, err := Procs(g.Path); err != nil || got != nil {
 		t.Fatalf("a removed cgroup: Procs = %v, %v; want nil, nil", got, err)
+	}
+}
+
+// Populated says 1 while a live process is in the cgroup, 0 once it has
+// exited even while its zombie is not reaped yet, and 0 for a cgroup that
+// is gone.
+func TestPopulated(t *testing.T) {
+	g, err := Create(fmt.Sprintf("populated-test.%d", os.Getpid()))
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("cannot create a cgroup here: %v", err)
+		}
+		t.Skipf("cannot create a cgroup here: %v", err)
+	}
+	defer g.Close()
+	defer Remove(g.Path)
+	if p, err := Populated(g.Path); err != nil || p {
+		t.Fatalf("a new cgroup: Populated = %v, %v; want false", p, err)
+	}
+	c := exec.Command("sleep", "300")
+	c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: g.FD()}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Process.Kill(); c.Wait() }()
+	if p, err := Populated(g.Path); err != nil || !p {
+		t.Fatalf("with a live member: Populated = %v, %v; want true", p, err)
+	}
+	// Killed but not reaped: a zombie, which holds its PID, not the cgroup.
+	if err := c.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Process.Pid))
+		if err == nil && bytes.Contains(b, []byte(") Z ")) {
+			break
+		}
+		if i > 30000 {
+			t.Fatalf("the killed member never became a zombie: %s", b)
+		}
+		syscall.Nanosleep(&syscall.Timespec{Nsec: 1e6}, nil)
+	}
+	if p, err := Populated(g.Path); err != nil || p {
+		t.Fatalf("with only a zombie: Populated = %v, %v; want false", p, err)
+	}
+	c.Wait()
+	if err := Remove(g.Path); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := Populated(g.Path); err != nil || p {
+		t.Fatalf("a removed cgroup: Populated = %v, %v; want false, nil", p, err)
 	}
 }

@@ -26,7 +26,7 @@ type cancelAnswer struct {
 	State     string `json:"state,omitempty"`     // the record's state, when there is one
 	Cause     string `json:"cause,omitempty"`     // the record's cause
 	ExitCode  *int   `json:"exit_code,omitempty"` // the run's exit code, when the record has one
-	Survivors []int  `json:"survivors"`           // processes that outlived KILL
+	Survivors []int  `json:"survivors"`           // processes that outlived KILL; null: unknown (containment session)
 	Reason    string `json:"reason,omitempty"`    // why the outcome is not confirmed or already
 }
 
@@ -47,6 +47,9 @@ func newCancelAnswer(id, outcome string, rec *statusfile.Record) cancelAnswer {
 		a.State, a.Cause, a.ExitCode = rec.State, rec.Cause, rec.ExitCode
 		if rec.Survivors != nil {
 			a.Survivors = rec.Survivors
+		}
+		if rec.SurvivorsUnknown() {
+			a.Survivors = nil // null: unknown, not the promise []
 		}
 	}
 	return a

@@ -92,12 +92,19 @@ func runCancel(e *Env, args []string) int {
 		e.errorf("run %s: %s", d.ID, r)
 	}
 	if rep.Already {
+		a := newCancelAnswer(d.ID, cancelAlready, rep.Record)
+		code := ExitOK
+		if rep.Record.SurvivorsUnknown() {
+			a.Outcome, a.Reason = cancelNotConfirmed, "cleanup cannot be confirmed: "+survivorsUnknown
+			e.errorf("run %s: %s", d.ID, a.Reason)
+			code = ExitFailure
+		}
 		if *asJSON {
-			e.printCancelAnswer(newCancelAnswer(d.ID, cancelAlready, rep.Record))
+			e.printCancelAnswer(a)
 		} else {
 			e.printFinal(rep.Record, "already")
 		}
-		return ExitOK
+		return code
 	}
 	return e.confirm(rep.Record, *asJSON)
 }
@@ -119,6 +126,12 @@ func (e *Env) confirm(rec *statusfile.Record, asJSON bool) int {
 		}
 		code = ExitFailure
 	}
+	if rec.SurvivorsUnknown() {
+		a.Outcome, a.Reason = cancelNotConfirmed, "cleanup cannot be confirmed: "+survivorsUnknown
+		e.errorf("run %s: %s", rec.RunID, a.Reason)
+		e.hint("'agent-wrap reconcile %s' lists what can be seen; a host with a writable cgroup v2 tree gives every run a boundary nothing leaves", rec.RunID)
+		code = ExitFailure
+	}
 	if asJSON {
 		e.printCancelAnswer(a)
 	}
@@ -133,8 +146,16 @@ func (e *Env) printFinal(rec *statusfile.Record, already string) {
 	if rec.Cause != "" {
 		cause = " (cause " + rec.Cause + ")"
 	}
-	fmt.Fprintf(e.Stdout, "%s: %s%s%s, exit code %d, survivors %v\n", rec.RunID, already, rec.State, cause, rec.Code(), rec.Survivors)
+	survivors := fmt.Sprint(rec.Survivors)
+	if rec.SurvivorsUnknown() {
+		survivors = "unknown"
+	}
+	fmt.Fprintf(e.Stdout, "%s: %s%s%s, exit code %d, survivors %s\n", rec.RunID, already, rec.State, cause, rec.Code(), survivors)
 }
+
+// survivorsUnknown is why a record under containment session cannot say
+// that nothing survived.
+const survivorsUnknown = "the run had no cgroup and was stopped from outside its wrapper, which sees only the job's session and the escapes the wrapper recorded; a process that left the session unrecorded cannot be seen"
 
 func runRenew(e *Env, args []string) int {
 	fs := e.flags("renew")

@@ -90,7 +90,12 @@ func writeStatus(w io.Writer, in reconcile.Input, v reconcile.Verdict) {
 		row("alive", "%s", pidList(v.Evidence.Members))
 	}
 	if statusfile.Terminal(rec.State) {
-		if len(rec.Survivors) == 0 {
+		if rec.Containment != "" {
+			row("containment", "%s", rec.Containment)
+		}
+		if rec.SurvivorsUnknown() {
+			row("survivors", "unknown: %s", survivorsUnknown)
+		} else if len(rec.Survivors) == 0 {
 			row("survivors", "none")
 		} else {
 			row("survivors", "%v", rec.Survivors)

@@ -96,7 +96,8 @@ type Evidence struct {
 	Members        []Member `json:"members"`
 	MembersError   string   `json:"members_error,omitempty"`
 	Rejected       []string `json:"rejected,omitempty"`
-	Survivors      []int    `json:"survivors,omitempty"` // recorded survivors of the final KILL
+	Survivors      []int    `json:"survivors,omitempty"`   // recorded survivors of the final KILL
+	Containment    string   `json:"containment,omitempty"` // what the final record vouches for: cgroup, subreaper or session
 	BootChanged    bool     `json:"boot_changed"`
 	Deadline       *int64   `json:"deadline"` // Unix seconds; null: no lease
 	DeadlinePassed bool     `json:"deadline_passed"`
@@ -195,6 +196,8 @@ func decide(in Input) Verdict {
 		// are worth saying, not worth a different outcome.
 		if len(in.Members) > 0 && !in.BootChanged {
 			v.Reason += "; note: processes of the run are still alive: " + describeMembers(in.Members)
+		} else if rec.SurvivorsUnknown() {
+			v.Reason += "; note: whether processes of it outlived it cannot be known: " + escapesUnseen
 		}
 		return v
 
@@ -211,6 +214,9 @@ func decide(in Input) Verdict {
 		case len(in.Members) > 0:
 			v.Outcome = Unknown
 			v.Reason = fmt.Sprintf("recorded cancelled (cause %s) but cleanup is not confirmed: %s still alive", orNone(rec.Cause), describeMembers(in.Members)+isAre(in.Members))
+		case rec.Containment == statusfile.ContainmentSession:
+			v.Outcome = Unknown
+			v.Reason = fmt.Sprintf("recorded cancelled (cause %s) but its cleanup cannot be confirmed: %s; none of the run's session or recorded escapes is alive", orNone(rec.Cause), escapesUnseen)
 		default:
 			v.Outcome = Cancelled
 			v.ExitCode = intp(rec.Code())
@@ -253,6 +259,10 @@ func decide(in Input) Verdict {
 	return v
 }
 
+// escapesUnseen is why a record under containment session proves nothing
+// about escapes.
+const escapesUnseen = "it had no cgroup and was not ended by its wrapper (containment session), so a process that left its session unrecorded cannot be seen"
+
 func evidence(in Input) Evidence {
 	ev := Evidence{
 		WrapperAlive: in.WrapperAlive,
@@ -278,6 +288,7 @@ func evidence(in Input) Evidence {
 		if len(rec.Survivors) > 0 {
 			ev.Survivors = rec.Survivors
 		}
+		ev.Containment = rec.Containment
 	}
 	if in.Deadline > 0 {
 		dl := in.Deadline

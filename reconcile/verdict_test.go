@@ -32,6 +32,10 @@ func TestDecide(t *testing.T) {
 	launchFailed.Error = "command not found: nosuch"
 	killedLeader := record(statusfile.Finished, "", 137)
 	killedLeader.Signal = "KILL"
+	withContainment := func(r *statusfile.Record, c string) *statusfile.Record {
+		r.Containment = c
+		return r
+	}
 
 	tests := []struct {
 		name       string
@@ -55,6 +59,18 @@ func TestDecide(t *testing.T) {
 		// launch_failed is terminal too: the command never ran.
 		{"launch-failed", Input{Record: launchFailed},
 			Completed, 127, SupervisorNone, []string{"launch failed", "command not found"}},
+
+		// A stop that had no proof beyond the session (from outside the
+		// wrapper, without a cgroup) cannot confirm the cleanup, even
+		// with nothing of the session alive; cgroup and subreaper can.
+		{"cancelled/containment-session", Input{Record: withContainment(record(statusfile.Cancelled, statusfile.CauseLease, 124), statusfile.ContainmentSession)},
+			Unknown, -1, SupervisorNone, []string{"cannot be confirmed", "containment session", "left its session unrecorded"}},
+		{"cancelled/containment-cgroup", Input{Record: withContainment(record(statusfile.Cancelled, statusfile.CauseLease, 124), statusfile.ContainmentCgroup)},
+			Cancelled, 124, SupervisorNone, []string{"no process of the run is alive"}},
+		{"cancelled/containment-subreaper", Input{Record: withContainment(record(statusfile.Cancelled, statusfile.CauseCancel, 143), statusfile.ContainmentSubreaper)},
+			Cancelled, 143, SupervisorNone, nil},
+		{"finished/containment-session", Input{Record: withContainment(record(statusfile.Finished, "", 0), statusfile.ContainmentSession)},
+			Completed, 0, SupervisorNone, []string{"cannot be known"}},
 
 		// state cancelled and no validated member alive: cancelled.
 		{"cancelled", Input{Record: record(statusfile.Cancelled, statusfile.CauseCancel, 143)},

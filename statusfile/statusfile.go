@@ -48,6 +48,24 @@ const (
 	CauseLease  = "lease"
 )
 
+// Containment: what a run's final record can vouch for, written with it
+// (`containment`). A stop writes `nothing survived` (an empty survivors
+// list) only under ContainmentCgroup or ContainmentSubreaper, each the
+// proof named; under ContainmentSession no such proof was had, and an
+// empty list is written as null: unknown.
+const (
+	// ContainmentCgroup: the run's cgroup was seen unpopulated at the end.
+	ContainmentCgroup = "cgroup"
+	// ContainmentSubreaper: the wrapper, the subreaper of every process
+	// the job made, was left with no child (wait4 said ECHILD).
+	ContainmentSubreaper = "subreaper"
+	// ContainmentSession: only the job's session and the escapes the
+	// wrapper recorded could be looked at (a stop from outside the wrapper
+	// without a cgroup, or a proof that did not hold): a process that left
+	// the session unrecorded cannot be seen.
+	ContainmentSession = "session"
+)
+
 // Exit codes a run returns for its causes.
 const (
 	ExitLease = exitcode.Lease
@@ -113,6 +131,7 @@ type Record struct {
 	Boundary     string    `json:"boundary,omitempty"`
 	Cgroup       string    `json:"cgroup,omitempty"`
 	Escaped      []Escaped `json:"escaped,omitempty"`
+	Containment  string    `json:"containment,omitempty"` // a final record's proof (ContainmentCgroup...); "" while live
 	Survivors    []int     `json:"survivors"`
 	// AgentSocket is the run's scoped SSH agent socket (the job's
 	// SSH_AUTH_SOCK), while and after it existed.
@@ -165,22 +184,29 @@ func (r *Record) SetExit(code int) { r.ExitCode = &code }
 
 // Marshal renders the record as indented JSON with a trailing newline.
 //
-// "survivors" is written exactly when the record is terminal, and then
-// always as a list ([] is the promise that nothing outlived the stop): a
-// live run has no survivors to speak of yet, and a null would read as
-// neither.
+// "survivors" is written exactly when the record is terminal, and then as
+// a list ([] is the promise that nothing outlived the stop), except that
+// none seen under ContainmentSession is null: not a promise, unknown (see
+// SurvivorsUnknown). A live run has no survivors to speak of yet.
 func Marshal(r *Record) ([]byte, error) {
 	type plain Record
 	w := struct {
 		*plain
-		Survivors *[]int `json:"survivors,omitempty"` // shadows Record.Survivors
+		Survivors json.RawMessage `json:"survivors,omitempty"` // shadows Record.Survivors
 	}{plain: (*plain)(r)}
 	if Terminal(r.State) {
-		s := r.Survivors
-		if s == nil {
-			s = []int{}
+		w.Survivors = json.RawMessage("null")
+		if !r.SurvivorsUnknown() {
+			s := r.Survivors
+			if s == nil {
+				s = []int{}
+			}
+			b, err := json.Marshal(s)
+			if err != nil {
+				return nil, err
+			}
+			w.Survivors = b
 		}
-		w.Survivors = &s
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -190,6 +216,13 @@ func Marshal(r *Record) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// SurvivorsUnknown reports whether the record is terminal but cannot say
+// whether anything outlived its stop: none was seen, and the stop had no
+// proof beyond the session (ContainmentSession).
+func (r *Record) SurvivorsUnknown() bool {
+	return Terminal(r.State) && r.Containment == ContainmentSession && len(r.Survivors) == 0
 }
 
 // Parse decodes and checks a record. It refuses unknown schemas, unknown
@@ -228,10 +261,12 @@ func Parse(b []byte) (*Record, error) {
 			r.Escaped[i].Argv = nil
 		}
 	}
-	// Survivors exist once the record is terminal (a list, maybe empty),
-	// never before: the form Marshal writes.
+	// Survivors exist once the record is terminal (a list, maybe empty,
+	// or unknown: nil), never before: the form Marshal writes.
 	switch {
 	case !Terminal(r.State):
+		r.Survivors = nil
+	case r.Containment == ContainmentSession && len(r.Survivors) == 0:
 		r.Survivors = nil
 	case r.Survivors == nil:
 		r.Survivors = []int{}

@@ -47,3 +47,40 @@ func TestSurvivorsForm(t *testing.T) {
 		}
 	}
 }
+
+// A final record under containment session that saw no survivor cannot
+// promise that none is left: survivors is null, and read back as unknown.
+// Survivors it did see are listed; under cgroup or subreaper, none seen
+// is the promise [].
+func TestSurvivorsUnknownUnderSession(t *testing.T) {
+	for _, tc := range []struct {
+		containment string
+		survivors   []int
+		want        string
+		unknown     bool
+	}{
+		{ContainmentSession, nil, `"survivors": null`, true},
+		{ContainmentSession, []int{}, `"survivors": null`, true},
+		{ContainmentSession, []int{41}, `"survivors": [`, false},
+		{ContainmentCgroup, nil, `"survivors": []`, false},
+		{ContainmentSubreaper, nil, `"survivors": []`, false},
+		{"", nil, `"survivors": []`, false},
+	} {
+		rec := &Record{Schema: Schema, RunID: "s1", State: Cancelled, Containment: tc.containment, Survivors: tc.survivors}
+		rec.SetExit(143)
+		b, err := Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), tc.want) {
+			t.Errorf("%q %v: want %s in\n%s", tc.containment, tc.survivors, tc.want, b)
+		}
+		back, err := Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.SurvivorsUnknown() != tc.unknown || (back.Survivors == nil) != tc.unknown {
+			t.Errorf("%q %v: read back survivors %#v, unknown %v; want unknown %v", tc.containment, tc.survivors, back.Survivors, back.SurvivorsUnknown(), tc.unknown)
+		}
+	}
+}

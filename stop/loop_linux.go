@@ -10,14 +10,11 @@ import (
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
-// killWait bounds how long KILL is repeated before the survivors are
-// recorded. KILL cannot be caught; only a process stuck in the kernel
-// (state D on a dead NFS mount, say) outlives it.
+// killWait bounds the proof: how long processes are frozen and KILLed
+// before what is left is recorded as survivors. KILL cannot be caught;
+// only a process stuck in the kernel (state D on a dead NFS mount, say)
+// outlives it.
 const killWait = 10 * time.Second
-
-// killEvery is how long a KILL is given before it is sent again to what is
-// left (a job forking while it is being stopped).
-const killEvery = 500 * time.Millisecond
 
 // Wake intervals while waiting for members to die: the first wait, and the
 // most it grows to when nothing woke it.
@@ -27,53 +24,155 @@ const (
 )
 
 // A Loop is the one way a run's processes are stopped, by the wrapper and
-// from outside it: TERM to every member, wait until they are gone or the
-// grace passes, then KILL what is left, again every killEvery, until
-// nothing is left or killWait passes. "Gone" is always confirmed by a fresh
-// look (Members) after the known members have died, and a member found then
-// gets the signal of the phase (TERM during the grace, KILL after). The
-// intent must be recorded before Run (see Intend).
+// from outside it, in two phases.
+//
+// The grace: TERM to every member, and to each member found later, until
+// they are gone or the grace passes. "Gone" is a fresh look (Members) after
+// the known members have died.
+//
+// The proof: every member found is frozen (SIGSTOP: a stopped process
+// cannot fork) and then KILLed, and the run is looked at again, until two
+// looks in a row find no member and Empty (when set) agrees both times, or
+// killWait passes. A job that forks and calls setsid in a loop keeps making
+// new PIDs that one look can miss; it cannot make them while frozen, and
+// it cannot pass two looks and the caller's own proof (cgroup unpopulated,
+// no child left) unseen. Sweep (when set) is called once when the proof
+// begins, if the stop found any member at all: the caller's last word
+// (cgroup.kill), even when TERM seemed to end everything.
+//
+// The intent must be recorded before Run (see Intend).
 type Loop struct {
 	// Members returns the run's live members now (membership's answer).
 	Members func() []membership.Member
 	// Signal journals sig and sends it to ms. again is set when this stop
 	// has sent sig before: ms are then late arrivals (TERM) or what is left
-	// (KILL), and a signal to the whole group would repeat a TERM.
+	// (STOP, KILL), and a signal to the whole group would repeat a TERM.
 	Signal func(sig unix.Signal, ms []membership.Member, again bool)
 	// Wake blocks until one of ms may have died, or for at most d. It
 	// reports whether it was woken by an event rather than the time.
 	Wake func(ms []membership.Member, d time.Duration) bool
+	// Sweep, if set, ends every stop that found a member: it is called
+	// once, after the grace, before the proof; and once in the proof when
+	// a look finds no member but Empty disagrees.
+	Sweep func()
+	// Empty, if set, is the caller's proof that nothing of the run is left
+	// where Members cannot see: the run's cgroup is unpopulated, its
+	// subreaper has no live child. It is asked after a look found no
+	// member; false sends the loop round again.
+	Empty func() bool
 }
 
-// Run stops the members: it returns the PIDs it found alive at the start
-// (stopped) and those that outlived KILL (survivors), sorted.
-func (l Loop) Run(grace time.Duration) (stopped, survivors []int) {
+// Result is what a stop did and what it saw at its end.
+type Result struct {
+	// Stopped are the PIDs found alive at the start, sorted.
+	Stopped []int
+	// Survivors are the PIDs still alive when killWait ran out, sorted.
+	Survivors []int
+	// Proven: the stop ended with two empty looks in a row, each confirmed
+	// by Empty. Without it, an empty Survivors says only that no member
+	// was seen, not that none is left.
+	Proven bool
+}
+
+// proofWait is how long the proof waits, after a KILL, for the members it
+// signalled to die before it looks again.
+const proofWait = 100 * time.Millisecond
+
+// Run stops the members and returns what it did (see Result).
+func (l Loop) Run(grace time.Duration) Result {
 	ms := l.Members()
-	if len(ms) == 0 {
-		return nil, nil
-	}
-	stopped = pids(ms)
-	termed := map[proc.Identity]bool{}
-	term := func(ms []membership.Member, again bool) {
-		var fresh []membership.Member
-		for _, m := range ms {
-			if !termed[m.Identity] {
-				termed[m.Identity] = true
-				fresh = append(fresh, m)
+	var res Result
+	if len(ms) > 0 {
+		res.Stopped = pids(ms)
+		termed := map[proc.Identity]bool{}
+		term := func(ms []membership.Member, again bool) {
+			var fresh []membership.Member
+			for _, m := range ms {
+				if !termed[m.Identity] {
+					termed[m.Identity] = true
+					fresh = append(fresh, m)
+				}
+			}
+			if len(fresh) > 0 {
+				l.Signal(unix.SIGTERM, fresh, again)
 			}
 		}
-		if len(fresh) > 0 {
-			l.Signal(unix.SIGTERM, fresh, again)
+		term(ms, false)
+		ms = l.waitGone(time.Now().Add(grace), ms, func(late []membership.Member) { term(late, true) })
+		if l.Sweep != nil {
+			l.Sweep()
 		}
 	}
-	term(ms, false)
-	ms = l.waitGone(time.Now().Add(grace), ms, func(late []membership.Member) { term(late, true) })
+	left, proven := l.prove(ms, len(res.Stopped) > 0)
+	res.Survivors, res.Proven = pids(left), proven
+	return res
+}
+
+// prove is the second phase: freeze and KILL what is found, until two
+// looks in a row find nothing and Empty agrees, or killWait passes. ms are
+// the members left from the grace (nil: look first); swept says Sweep has
+// been called. When Empty disagrees with a look that found nothing (the
+// cgroup holds a process no look can see, in a cgroup of its own below
+// the run's, say), Sweep is called then, once.
+func (l Loop) prove(ms []membership.Member, swept bool) (left []membership.Member, proven bool) {
 	until := time.Now().Add(killWait)
-	for again := false; len(ms) > 0 && time.Now().Before(until); again = true {
-		l.Signal(unix.SIGKILL, ms, again)
-		ms = l.waitGone(time.Now().Add(killEvery), ms, nil)
+	empty, again := 0, false
+	killed := map[proc.Identity]bool{}
+	for {
+		if len(ms) == 0 {
+			if l.Empty == nil || l.Empty() {
+				empty++
+				if empty >= 2 {
+					return nil, true
+				}
+			} else {
+				empty = 0
+				if !time.Now().Before(until) {
+					return nil, false
+				}
+				if l.Sweep != nil && !swept {
+					l.Sweep()
+					swept = true
+				}
+				l.Wake(nil, firstWake)
+			}
+		} else {
+			empty = 0
+			if !time.Now().Before(until) {
+				return ms, false
+			}
+			// A member KILLed already is dying or stuck in the kernel
+			// (state D): signalling it again changes nothing.
+			var fresh []membership.Member
+			for _, m := range ms {
+				if !killed[m.Identity] {
+					killed[m.Identity] = true
+					fresh = append(fresh, m)
+				}
+			}
+			if len(fresh) > 0 {
+				l.Signal(unix.SIGSTOP, fresh, again)
+				l.Signal(unix.SIGKILL, fresh, again)
+				again = true
+			}
+			l.waitDead(time.Now().Add(proofWait), ms)
+		}
+		ms = l.Members()
 	}
-	return stopped, pids(ms)
+}
+
+// waitDead waits until none of ms is alive, or until the deadline.
+func (l Loop) waitDead(until time.Time, ms []membership.Member) {
+	wait := firstWake
+	for ms = alive(ms); len(ms) > 0; ms = alive(ms) {
+		left := time.Until(until)
+		if left <= 0 {
+			return
+		}
+		if !l.Wake(ms, min(wait, left)) && wait < maxWake {
+			wait *= 2
+		}
+	}
 }
 
 // waitGone waits until no member is alive or until the deadline. When the

@@ -74,9 +74,9 @@ func TestLoopKillsWhatIgnoresTerm(t *testing.T) {
 	var s sent
 	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}
 	start := time.Now()
-	stopped, survivors := loop.Run(300 * time.Millisecond)
-	if len(stopped) != 2 || len(survivors) != 0 {
-		t.Fatalf("stopped %v, survivors %v; want 2 stopped, none surviving", stopped, survivors)
+	res := loop.Run(300 * time.Millisecond)
+	if len(res.Stopped) != 2 || len(res.Survivors) != 0 || !res.Proven {
+		t.Fatalf("%+v; want 2 stopped, none surviving, proven", res)
 	}
 	if len(s.sigs) < 2 || s.sigs[0] != unix.SIGTERM || s.sigs[len(s.sigs)-1] != unix.SIGKILL {
 		t.Fatalf("signals sent: %v, want TERM then KILL", s.sigs)
@@ -98,9 +98,9 @@ while :; do sleep 0.05; done`)
 	var s sent
 	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake}
 	start := time.Now()
-	_, survivors := loop.Run(time.Minute)
-	if len(survivors) != 0 {
-		t.Fatalf("survivors %v", survivors)
+	res := loop.Run(time.Minute)
+	if len(res.Survivors) != 0 {
+		t.Fatalf("survivors %v", res.Survivors)
 	}
 	for _, sig := range s.sigs {
 		if sig == unix.SIGKILL {
@@ -112,5 +112,60 @@ while :; do sleep 0.05; done`)
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Fatalf("the stop took %v: it waited for the grace", d)
+	}
+}
+
+// The proof phase: a member found after the grace is frozen and then
+// KILLed; Sweep is called once, when the grace ends; and the stop is
+// proven only after two looks in a row that found nothing, each confirmed
+// by Empty (here, Empty disagrees three times first, as a cgroup that is
+// still populated would).
+func TestLoopProofNeedsEmptyTwice(t *testing.T) {
+	rec := job(t, `trap "" TERM; sleep 600 & wait; wait`)
+	waitMembers(t, rec, 2)
+	var s sent
+	sweeps, asked, agreed := 0, 0, 0
+	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake,
+		Sweep: func() { sweeps++ },
+		Empty: func() bool {
+			asked++
+			if asked <= 3 {
+				return false
+			}
+			agreed++
+			return true
+		}}
+	res := loop.Run(100 * time.Millisecond)
+	if !res.Proven || len(res.Survivors) != 0 || len(res.Stopped) != 2 {
+		t.Fatalf("%+v; want 2 stopped, none surviving, proven", res)
+	}
+	if sweeps != 1 || agreed != 2 {
+		t.Fatalf("Sweep called %d times, Empty agreed %d times (asked %d); want 1 and 2", sweeps, agreed, asked)
+	}
+	var stopAt, killAt = -1, -1
+	for i, sig := range s.sigs {
+		if sig == unix.SIGSTOP && stopAt < 0 {
+			stopAt = i
+		}
+		if sig == unix.SIGKILL && killAt < 0 {
+			killAt = i
+		}
+	}
+	if stopAt < 0 || killAt < stopAt {
+		t.Fatalf("signals sent: %v; want STOP before KILL", s.sigs)
+	}
+}
+
+// A stop that never sees the caller's proof is not proven, whatever the
+// looks say, and it gives up after its bound.
+func TestLoopUnprovenWithoutEmpty(t *testing.T) {
+	rec := job(t, `sleep 600`)
+	waitMembers(t, rec, 1)
+	var s sent
+	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake,
+		Empty: func() bool { return false }}
+	res := loop.Run(100 * time.Millisecond)
+	if res.Proven || len(res.Survivors) != 0 {
+		t.Fatalf("%+v; want not proven, no survivor seen", res)
 	}
 }

@@ -133,11 +133,17 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	unlock()
 	rep.Record = rec
 	if rec.PGID <= 1 {
-		return finalize(d, rep, cause, nil, o)
+		return finalize(d, rep, cause, "", nil, o)
 	}
 	signalled := map[int]bool{}
 	outside := membership.Run{Record: rec}
 	haveCgroup := rec.Cgroup != "" && cgroup.Valid(rec.Cgroup)
+	killCgroup := func(ps []int) {
+		o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": ps, "by": o.By}, false)
+		if err := KillCgroup(rec.Cgroup); err != nil {
+			fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
+		}
+	}
 	loop := Loop{
 		Members: func() []membership.Member {
 			ms, rejected, err := outside.Members()
@@ -149,10 +155,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		},
 		Signal: func(sig unix.Signal, ms []membership.Member, again bool) {
 			if sig == unix.SIGKILL && haveCgroup {
-				o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": pids(ms), "by": o.By}, false)
-				if err := KillCgroup(rec.Cgroup); err != nil {
-					fmt.Fprintf(o.Diag, "agent-wrap: run %s: cgroup.kill: %v (signalling each process instead)\n", d.ID, err)
-				}
+				killCgroup(pids(ms))
 			}
 			o.journal(d, "signal_sent", journal.Fields{"signal": proc.SignalName(sig), "target": "validated", "pgid": rec.PGID, "pids": pids(ms), "by": o.By}, false)
 			for _, m := range ms {
@@ -164,7 +167,30 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		},
 		Wake: PollWake,
 	}
-	_, survivors := loop.Run(o.Grace)
+	if haveCgroup {
+		// The cgroup is the proof: cgroup.kill ends every stop that found
+		// a member, and the stop is over when the kernel says the cgroup
+		// holds no live process.
+		loop.Sweep = func() { killCgroup([]int{}) }
+		loop.Empty = func() bool {
+			p, err := cgroup.Populated(rec.Cgroup)
+			if err != nil {
+				fmt.Fprintf(o.Diag, "agent-wrap: run %s: %v\n", d.ID, err)
+			}
+			return err == nil && !p
+		}
+	}
+	res := loop.Run(o.Grace)
+	survivors := res.Survivors
+	// Without a cgroup, a stop from outside the wrapper sees the job's
+	// session and the escapes the wrapper recorded, nothing else: a
+	// process that left the session unrecorded (the wrapper was killed
+	// before its next look) is invisible here, so the record cannot say
+	// that nothing survived.
+	containment := statusfile.ContainmentSession
+	if haveCgroup && res.Proven {
+		containment = statusfile.ContainmentCgroup
+	}
 	for pid := range signalled {
 		rep.Signalled = append(rep.Signalled, pid)
 	}
@@ -175,7 +201,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if rec.Cgroup != "" && len(survivors) == 0 && cgroup.Valid(rec.Cgroup) {
 		cgroup.Remove(rec.Cgroup)
 	}
-	return finalize(d, rep, cause, survivors, o)
+	return finalize(d, rep, cause, containment, survivors, o)
 }
 
 // journal appends an event; a failure is reported on Diag, as the wrapper
@@ -282,7 +308,10 @@ func (o Options) takenOver(d *rundir.Dir, rep *Report) (*Report, error) {
 	return rep, nil
 }
 
-func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Options) (*Report, error) {
+// finalize writes the final `cancelled` record with what the stop could
+// vouch for (containment, "" when no process group was ever recorded, so
+// nothing was looked for) and the survivors it saw.
+func finalize(d *rundir.Dir, rep *Report, cause, containment string, survivors []int, o Options) (*Report, error) {
 	if survivors == nil {
 		survivors = []int{}
 	}
@@ -301,7 +330,7 @@ func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Optio
 	}
 	rec.State, rec.Cause = statusfile.Cancelled, cause
 	rec.SetExit(statusfile.CauseExitCode(cause))
-	rec.Survivors = survivors
+	rec.Survivors, rec.Containment = survivors, containment
 	rec.EndedAt = statusfile.Timestamp(time.Now())
 	if rep.IntentUnrecorded {
 		rec.IntentUnrecorded = true
@@ -314,6 +343,12 @@ func finalize(d *rundir.Dir, rep *Report, cause string, survivors []int, o Optio
 	// The final line follows a final record that landed, never one that
 	// did not.
 	f := journal.Fields{"state": rec.State, "cause": cause, "exit_code": rec.Code(), "survivors": survivors, "by": o.By}
+	if containment != "" {
+		f["containment"] = containment
+	}
+	if rec.SurvivorsUnknown() {
+		f["survivors"] = nil
+	}
 	if rep.WithoutLock != nil {
 		f["without_lock"] = true
 	}

@@ -338,6 +338,10 @@ func describe(e journal.Entry) (string, string) {
 		if s := list(f["survivors"]); s != "-" {
 			return KindProblem, t + ", SURVIVORS " + s
 		}
+		if v, ok := f["survivors"]; ok && v == nil {
+			// null: the stop had no proof beyond the job's session.
+			return KindProblem, t + ", survivors unknown" + opt(" (containment ", str(f, "containment"), ")")
+		}
 		if _, ok := f["survivors"]; ok {
 			t += ", nothing survived"
 		}

@@ -152,3 +152,18 @@ func TestDurationsWithZeroDigits(t *testing.T) {
 		}
 	}
 }
+
+// A final line whose survivors are null (a stop with no proof beyond the
+// job's session) is drawn as a problem, never as "nothing survived".
+func TestFinalSurvivorsUnknown(t *testing.T) {
+	raw := chain(t,
+		"created", nil,
+		"started", F{"pid": 10, "pgid": 10, "sid": 10},
+		"final", F{"state": "cancelled", "cause": "cancel", "exit_code": 143, "survivors": nil, "containment": "session", "by": "cancel"},
+	)
+	items, _ := Build(raw)
+	last := items[len(items)-1]
+	if last.Kind != KindProblem || strings.Contains(last.Text, "nothing survived") || !strings.Contains(last.Text, "survivors unknown (containment session)") {
+		t.Fatalf("final drawn as %q %q", last.Kind, last.Text)
+	}
+}

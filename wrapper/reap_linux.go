@@ -41,7 +41,10 @@ type leaderExit struct {
 // _CLD_EXITED is the si_code of a child that exited (si_status is its exit
 // status); the others waitid(WEXITED) gives, CLD_KILLED and CLD_DUMPED, are
 // a child killed by signal si_status, without or with a core dump.
-const _CLD_EXITED = 1
+const (
+	_CLD_EXITED = 1
+	_CLD_KILLED = 2
+)
 
 // decodeExit is the one reading of the leader's end, from the si_code and
 // si_status waitid gives for it.
@@ -112,6 +115,32 @@ func (r *reaper) reapExited(leaderToo bool) {
 		}
 		if err := reap(pid, false); err != nil {
 			return
+		}
+	}
+}
+
+// none reaps every child that has exited and reports whether no child is
+// left at all: wait4 says ECHILD, for the children of every thread of the
+// process at once. Called after reapAll (the leader is reaped then; if it
+// has exited only now, its status is decoded here, by note).
+func (r *reaper) none() bool {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.ECHILD:
+			return true
+		case err != nil || pid == 0:
+			return false // children that have not exited
+		}
+		if pid == r.leader {
+			if ws.Signaled() {
+				r.note(_CLD_KILLED, int(ws.Signal()))
+			} else {
+				r.note(_CLD_EXITED, ws.ExitStatus())
+			}
 		}
 	}
 }

@@ -16,10 +16,11 @@ import (
 )
 
 // finish writes the final record: `finished` with the leader's code, or
-// `cancelled` with the cause's code. A record already made terminal by
-// someone else (the watchdog or cancel, after deciding we had stopped
-// acting) is never overwritten.
-func (s *supervisor) finish(cause string, survivors []int) *Result {
+// `cancelled` with the cause's code, with what the end of the stop could
+// vouch for (containment) and the survivors it saw. A record already made
+// terminal by someone else (the watchdog or cancel, after deciding we had
+// stopped acting) is never overwritten.
+func (s *supervisor) finish(cause, containment string, survivors []int) *Result {
 	if survivors == nil {
 		survivors = []int{}
 	}
@@ -40,7 +41,7 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 	}
 	r := &s.rec
 	r.EndedAt = statusfile.Timestamp(time.Now())
-	r.Survivors = survivors
+	r.Survivors, r.Containment = survivors, containment
 	if s.reap.exit.Signal != 0 {
 		r.Signal = proc.SignalName(s.reap.exit.Signal)
 	}
@@ -51,7 +52,10 @@ func (s *supervisor) finish(cause string, survivors []int) *Result {
 		r.State = statusfile.Finished
 		r.SetExit(s.reap.exit.Code)
 	}
-	f := journal.Fields{"state": r.State, "exit_code": r.Code(), "survivors": survivors}
+	f := journal.Fields{"state": r.State, "exit_code": r.Code(), "survivors": survivors, "containment": containment}
+	if r.SurvivorsUnknown() {
+		f["survivors"] = nil
+	}
 	if r.Cause != "" {
 		f["cause"] = r.Cause
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 type supervisor struct {
@@ -260,25 +261,39 @@ func (s *supervisor) run(deadline int64) *Result {
 	s.revokeAuthority()
 
 	// 7. Stop everything that is left.
-	var survivors []int
+	var stopped stop.Result
 	if cause != "" {
-		survivors = s.stopAll(cause)
+		stopped = s.stopAll(cause)
 	} else if targets := s.liveTargets(); len(targets) > 0 {
-		survivors = s.stopAll("")
+		stopped = s.stopAll("")
 	}
 
-	// 8. Reap, record, drain. The leader's exit, if it is first seen now
-	// (it died at the end of the stop), is journaled like any other; then
-	// the reaper reaps it and every other zombie child.
-	s.pollLeader()
-	s.reap.reapAll()
+	// 8. Reap, prove, record, drain. The leader's exit, if it is first
+	// seen now (it died at the end of the stop), is journaled like any
+	// other; then the reaper reaps it and every other zombie child, and
+	// settle kills what is still below the wrapper until it has no child
+	// left: the proof that the final record may say nothing survived.
+	survivors, proven := stopped.Survivors, false
+	if len(survivors) == 0 {
+		survivors, proven = s.settle()
+	} else {
+		s.pollLeader()
+		s.reap.reapAll()
+	}
+	containment := statusfile.ContainmentSession
+	switch {
+	case proven && s.cgroup != "":
+		containment = statusfile.ContainmentCgroup
+	case proven:
+		containment = statusfile.ContainmentSubreaper
+	}
 	s.closeControl() // every handoff's last word goes into the final record
 	if s.cgroup != "" {
 		if err := cgroup.Remove(s.cgroup); err != nil {
 			s.warn("cannot remove the run's cgroup: %v", err)
 		}
 	}
-	res := s.finish(cause, survivors)
+	res := s.finish(cause, containment, survivors)
 	if streams != nil {
 		streams.finish()
 	}

@@ -41,10 +41,12 @@ func (s *supervisor) publish() {
 	s.view.Store(&r)
 }
 
-// scan reads the process table once: it reaps zombie children other than
+// scan looks at the processes below the wrapper once (proc.Descendants:
+// as their subreaper, every process the job made is one of them, so the
+// rest of the host need not be read): it reaps zombie children other than
 // the leader, records new escapes and returns the live targets.
 func (s *supervisor) scan() []target {
-	all, err := proc.Scan()
+	all, err := proc.Descendants(s.self)
 	if err != nil {
 		s.warn("cannot read /proc: %v", err)
 		return nil
