@@ -22,7 +22,7 @@ func (s *supervisor) wait(deadline int64) string {
 		defer timer.Stop()
 		leaseC = timer.C
 	}
-	// A backstop scan finds escaped descendants within about a second and
+	// A backstop look finds escaped descendants within about a second and
 	// reaps orphans even if a SIGCHLD was coalesced with another.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -62,7 +62,7 @@ func (s *supervisor) wait(deadline int64) string {
 			deadline = next
 			timer.Reset(time.Until(time.Unix(next, 0)))
 		case <-tick.C:
-			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
+			s.look() // records escapes
 			if s.pollLeader() {
 				return s.cancelledMeanwhile()
 			}
