@@ -57,7 +57,7 @@ func FuzzParseStatRoundTrip(f *testing.F) {
 		if err != nil {
 			t.Fatalf("ParseStat(%q): %v", line, err)
 		}
-		want := proc.Stat{PID: pid, Comm: comm, State: state, PPID: ppid, PGID: pgid, SID: sid, Start: start}
+		want := proc.Stat{PID: pid, Comm: comm, State: state, PPID: ppid, PGID: pgid, SID: sid, Start: start, Threads: 1}
 		if strings.ContainsRune(comm, 0) {
 			return
 		}

@@ -25,6 +25,9 @@ type Stat struct {
 	// Start is the start time in clock ticks since boot (field 22); on
 	// macOS and FreeBSD, microseconds since the epoch.
 	Start uint64
+	// Threads is the number of threads in the process (field 20); 0 on
+	// macOS and FreeBSD.
+	Threads int
 }
 
 // Dead reports whether the process runs nothing any more: a zombie (Z) or

@@ -78,6 +78,9 @@ func ParseStat(b []byte) (Stat, error) {
 		}
 		*p = v
 	}
+	if s.Threads, err = strconv.Atoi(string(f[17])); err != nil {
+		return Stat{}, fmt.Errorf("parse /proc stat: num_threads: %v", err)
+	}
 	if s.Start, err = strconv.ParseUint(string(f[19]), 10, 64); err != nil {
 		return Stat{}, fmt.Errorf("parse /proc stat: starttime: %v", err)
 	}

@@ -18,7 +18,7 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Stat{PID: 4242, Comm: "a) (b c", State: 'S', PPID: 1, PGID: 4242, SID: 4200, Start: 987654}
+	want := Stat{PID: 4242, Comm: "a) (b c", State: 'S', PPID: 1, PGID: 4242, SID: 4200, Start: 987654, Threads: 1}
 	if s != want {
 		t.Fatalf("got %+v, want %+v", s, want)
 	}

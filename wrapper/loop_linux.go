@@ -22,7 +22,7 @@ func (s *supervisor) wait(deadline int64) string {
 		defer timer.Stop()
 		leaseC = timer.C
 	}
-	// A backstop scan finds escaped descendants within about a second and
+	// A backstop look finds escaped descendants within about a second and
 	// reaps orphans even if a SIGCHLD was coalesced with another.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -70,7 +70,7 @@ func (s *supervisor) wait(deadline int64) string {
 				s.warn("the run directory %s was removed while the job ran: stopping the job", s.d.Path)
 				return s.beginCancel(statusfile.CauseCancel, "run_dir_removed")
 			}
-			s.scanFast() // records escapes; per run with a cgroup, all of /proc without
+			s.look() // records escapes
 			if s.pollLeader() {
 				return s.cancelledMeanwhile()
 			}

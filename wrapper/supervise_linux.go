@@ -45,6 +45,7 @@ type supervisor struct {
 	leaderStart uint64
 
 	escaped map[int]statusfile.Escaped // by PID; validated by start time
+	tracker *membership.Tracker        // the wait's looks without a cgroup; nil until the first
 	cgroup  string                     // the run's cgroup directory, if it has one
 	cg      *cgroup.Group              // created before the first record, until the fork
 

@@ -86,6 +86,29 @@ func (s *supervisor) noteEscape(p proc.Stat) {
 
 func (s *supervisor) liveTargets() []target { return s.scanFast() }
 
+// look is the wait's backstop, once a second while the job runs: it records
+// escapes, and reaps the job's orphans should a SIGCHLD have been coalesced
+// with another. With a cgroup it reads the run's cgroup; without, the
+// run's tracker (membership.Tracker) reads only what could have changed
+// since its last look, not every process on the host.
+func (s *supervisor) look() {
+	s.reap.reapOthers()
+	if s.cgroup != "" {
+		if out, ok := s.members().CgroupMembers(); ok {
+			s.noteEscapes(out)
+			return
+		}
+	}
+	if s.tracker == nil {
+		s.tracker = membership.NewTracker(s.members())
+	}
+	out, err := s.tracker.Look()
+	if err != nil {
+		s.warn("cannot read /proc: %v", err)
+	}
+	s.noteEscapes(out)
+}
+
 // scanFast lists the targets from the run's cgroup when it has one: one
 // read of cgroup.procs and one stat per member, instead of every process on
 // the host. Escapes recorded earlier are checked by PID. Without a cgroup it
