@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -542,4 +543,39 @@ func TestMCPRefusals(t *testing.T) {
 	if code := exitCode(err); code != 64 || !strings.Contains(string(out), "--on-exit") {
 		t.Errorf("agent-wrap mcp --on-exit later: exit %d, %q; want 64", code, out)
 	}
+}
+
+// TestMCPUnreachableAndSignalled: a host that cannot be reached is a tool
+// error naming it, the run settled not_started and nothing on the host;
+// TERM to the server ends its session as the client's going away does:
+// its live run cancelled and confirmed, then it exits.
+func TestMCPUnreachableAndSignalled(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	k := c.connectMCP(c.mcpArgs()...)
+	dest := c.srv.Destination()
+
+	closed := c.connectMCP("mcp", "--allow", "*", "--rsh", "ssh -o BatchMode=yes -o ConnectTimeout=10 -p 1", "--remote-bin", bin,
+		"--remote-root", c.root, "--ledger", c.ledger, "--mux", "off")
+	closed.callErr("run", map[string]any{"dest": "nobody@127.0.0.1", "run_id": "unreachable", "argv": []string{"true"}}, "127.0.0.1")
+	if r := c.ledgerRec("unreachable"); r.State != ledger.Settled || r.Outcome != ledger.NotStarted {
+		t.Errorf("ledger of the unreachable run: state %s outcome %s reason %q; want settled not_started", r.State, r.Outcome, r.Reason)
+	}
+	if runs := c.hostRuns(); len(runs) != 0 {
+		t.Errorf("host runs after an unreachable launch: %v", runs)
+	}
+
+	var r runOut
+	k.callOK("run", map[string]any{"dest": dest, "run_id": "termed", "argv": sleepTree, "wait_seconds": 0}, &r)
+	hr := c.waitRunning("termed")
+	waitMembers(t, hr.PGID, 3)
+	pid := k.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	wantFinal(t, c.waitTerminal("termed"), "cancelled", "cancel", 143)
+	c.treeGone("termed")
+	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("termed").State == ledger.Settled })
+	c.wantSettled("termed", "cancelled", "cancel", 143)
+	eventually(t, "the server to exit", func() bool { p, ok := readStat(pid); return !ok || p.dead() })
 }
