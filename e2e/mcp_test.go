@@ -323,7 +323,7 @@ func TestMCPGoClient(t *testing.T) {
 	// Progress: increasing bytes, several notifications.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 3*waitLong)
 	defer cancel2()
-	res := k.call(ctx2, "run", map[string]any{"dest": dest, "run_id": "progress", "command": `for i in $(seq 1 15); do echo "step $i"; sleep 0.2; done`}, "tok-1")
+	res := k.call(ctx2, "run", map[string]any{"dest": dest, "run_id": "progress", "command": `for i in $(seq 1 25); do echo "step $i"; sleep 0.2; done`}, "tok-1")
 	if res.IsError {
 		t.Fatalf("progress run: %s", resultText(res))
 	}

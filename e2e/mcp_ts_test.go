@@ -162,13 +162,13 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	}
 
 	// A run that completes, with progress that increases.
-	k.callAsync("c1", "run", map[string]any{"dest": dest, "run_id": "ts-done", "command": `for i in $(seq 1 10); do echo "line $i"; sleep 0.2; done; exit 5`}, true)
+	k.callAsync("c1", "run", map[string]any{"dest": dest, "run_id": "ts-done", "command": `for i in $(seq 1 20); do echo "line $i"; sleep 0.2; done; exit 5`}, true)
 	a := k.await("c1")
 	r := structured(t, a)
 	if r["state"] != "settled" || r["outcome"] != "completed" || r["exit_code"] != float64(5) {
 		t.Errorf("ts run: %v", r)
 	}
-	if out, _ := r["stdout"].(map[string]any); !strings.HasSuffix(fmt.Sprint(out["text"]), "line 10\n") {
+	if out, _ := r["stdout"].(map[string]any); !strings.HasSuffix(fmt.Sprint(out["text"]), "line 20\n") {
 		t.Errorf("ts run stdout: %v", out)
 	}
 	prog, _ := a["progress"].([]any)
