@@ -431,6 +431,28 @@ func TestMCPAbortedCall(t *testing.T) {
 	if r.Outcome != "cancelled" || r.CancelledBy != "client" {
 		t.Errorf("wait after the abort: %+v; want cancelled by client", r)
 	}
+
+	// A wait request aborted is the same confirmed cancel of its run.
+	k.callOK("run", map[string]any{"dest": c.srv.Destination(), "run_id": "abort-wait", "argv": sleepTree, "wait_seconds": 0}, &r)
+	hw := c.waitRunning("abort-wait")
+	waitMembers(t, hw.PGID, 3)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	go func() {
+		p := &mcp.CallToolParams{Name: "wait", Arguments: map[string]any{"run_id": "abort-wait", "seconds": 600}}
+		p.SetProgressToken("tok-wait")
+		res, _ := k.cs.CallTool(ctx2, p)
+		done <- res
+	}()
+	// The job has printed, so the server's first progress tick on the
+	// wait reports it: then the request is in flight, and its abort is a
+	// cancel of something.
+	eventually(t, "a progress notification of the wait", func() bool { return len(k.progressOf("tok-wait")) > 0 })
+	cancel2()
+	<-done
+	wantFinal(t, c.waitTerminal("abort-wait"), "cancelled", "cancel", 143)
+	c.treeGone("abort-wait")
+	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("abort-wait").State == ledger.Settled })
+	c.wantSettled("abort-wait", "cancelled", "cancel", 143)
 }
 
 // TestMCPClientGone: two clients at once on one ledger, each with its own
