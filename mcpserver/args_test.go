@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -53,5 +54,34 @@ func TestRunArguments(t *testing.T) {
 		if err := checkDest(dest); (err == nil) != ok {
 			t.Errorf("checkDest(%q) = %v", dest, err)
 		}
+	}
+}
+
+// A stream whose file stops keeping bytes (a full disk, here a file made
+// read-only under it) counts on, so offsets stay the host's, and refuses
+// to read past the first byte lost instead of giving a hole as output.
+func TestStreamLostBytesRefused(t *testing.T) {
+	st, err := newStream(t.TempDir()+"/out", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	st.Write([]byte("kept\n"))
+	ro, err := os.Open(st.f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.f.Close()
+	st.f = ro // writes now fail, as on a full disk
+	st.Write([]byte("lost\n"))
+	st.Write([]byte("more\n"))
+	if n := st.size(); n != 15 {
+		t.Errorf("size %d, want 15: every byte delivered counts", n)
+	}
+	if b, err := st.read(0, 100); err != nil || string(b) != "kept\n" {
+		t.Errorf("read(0) = %q, %v; want the kept bytes alone", b, err)
+	}
+	if _, err := st.read(5, 100); err == nil || !strings.Contains(err.Error(), "byte 5") {
+		t.Errorf("read(5) = %v; want an error naming byte 5", err)
 	}
 }

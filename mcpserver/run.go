@@ -102,6 +102,10 @@ type stream struct {
 	n    int64
 	line []byte // the line being written, up to maxLine bytes
 	last func(string)
+	// lostAt is the offset of the first byte the file could not keep (a
+	// full disk), and lostErr why; -1: none lost.
+	lostAt  int64
+	lostErr error
 }
 
 // maxLine bounds the line kept for progress messages.
@@ -112,15 +116,17 @@ func newStream(path string, last func(string)) (*stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &stream{f: f, last: last}, nil
+	return &stream{f: f, last: last, lostAt: -1}, nil
 }
 
-// Write keeps p. A write error (a full disk) is said once and the bytes
-// are still counted, so that offsets stay the host's; logs then reports
-// the hole as it reads short.
+// Write keeps p. The bytes are counted even when the file cannot keep
+// them (a full disk), so that offsets stay the host's; read then refuses
+// what lies past the first byte lost, rather than give a hole as output.
 func (s *stream) Write(p []byte) (int, error) {
 	s.mu.Lock()
-	_, _ = s.f.WriteAt(p, s.n)
+	if k, err := s.f.WriteAt(p, s.n); err != nil && s.lostAt < 0 {
+		s.lostAt, s.lostErr = s.n+int64(k), err
+	}
 	s.n += int64(len(p))
 	var done string
 	for _, b := range p {
@@ -151,14 +157,23 @@ func (s *stream) size() int64 {
 	return s.n
 }
 
-// read returns up to max bytes from offset from.
+// read returns up to max bytes from offset from; bytes the file could not
+// keep are an error naming the offset.
 func (s *stream) read(from int64, max int) ([]byte, error) {
-	n := s.size()
+	s.mu.Lock()
+	n, lostAt, lostErr := s.n, s.lostAt, s.lostErr
+	s.mu.Unlock()
 	if from >= n {
 		return nil, nil
 	}
 	if int64(max) > n-from {
 		max = int(n - from)
+	}
+	if lostAt >= 0 && from+int64(max) > lostAt {
+		if from >= lostAt {
+			return nil, fmt.Errorf("this server could not keep the output from byte %d on (%v)", lostAt, lostErr)
+		}
+		max = int(lostAt - from)
 	}
 	b := make([]byte, max)
 	k, err := s.f.ReadAt(b, from)

@@ -340,7 +340,8 @@ func (s *Server) toolLogs(ctx context.Context, _ *mcp.CallToolRequest, in LogsIn
 	done := lr.isDone() // before the size: a done run's size is final
 	b, err := st.read(in.From, in.MaxBytes)
 	if err != nil {
-		return nil, LogsOut{}, fmt.Errorf("reading the run's %s as kept by this server: %v", in.Stream, err)
+		rec := lr.run.Record()
+		return nil, LogsOut{}, fmt.Errorf("reading the run's %s: %v; %s", in.Stream, err, hostLogsHint(&rec))
 	}
 	out := LogsOut{RunID: lr.id(), Stream: in.Stream, From: in.From, Next: in.From + int64(len(b)), Size: st.size(), Encoding: "text"}
 	if out.Next < in.From || in.From > out.Size {
