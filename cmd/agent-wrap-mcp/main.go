@@ -1,3 +1,9 @@
+// As in agent-wrap: the runtime would re-read the cgroup's CPU quota once
+// a second (Go 1.25's updatemaxprocs), a wakeup of an idle server for
+// nothing; the quota is still read once, at start.
+
+//go:debug updatemaxprocs=0
+
 // Command agent-wrap-mcp is the Model Context Protocol server of
 // agent-wrap on stdio: `agent-wrap mcp` execs it. It is a program of its
 // own so that agent-wrap, which every run's wrapper is, does not carry the
