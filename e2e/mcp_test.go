@@ -397,10 +397,12 @@ func TestMCPGoClient(t *testing.T) {
 // TestMCPAbortedCall: the client cancels its run request (ctx, which the Go
 // client sends as notifications/cancelled): the run is cancelled on the
 // host, its tree gone, its host record and ledger say cancelled, within
-// seconds.
+// seconds; with a ledger of files and one in PostgreSQL.
 func TestMCPAbortedCall(t *testing.T) {
-	t.Parallel()
-	c := newCtlHarness(t)
+	eachLedger(t, testMCPAbortedCall)
+}
+
+func testMCPAbortedCall(t *testing.T, c *ctlHarness) {
 	k := c.connectMCP(c.mcpArgs()...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan *mcp.CallToolResult, 1)
