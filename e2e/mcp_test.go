@@ -491,6 +491,16 @@ func TestMCPClientGone(t *testing.T) {
 		}
 	}
 
+	// Nor may b stop it or read its output: they are a's.
+	b.callErr("logs", map[string]any{"run_id": "a-run"}, "not started by this server")
+	b.callOK("cancel", map[string]any{"run_id": "a-run"}, &r)
+	if r.Outcome != "unknown" || r.Confirmed {
+		t.Errorf("b's cancel of a's run: %+v; want unknown, naming where to cancel it", r)
+	}
+	if got := groupMembers(ha.PGID); len(got) != 3 {
+		t.Errorf("b's cancel touched a's run: %d live members, want 3", len(got))
+	}
+
 	serverPID := a.cmd.Process.Pid
 	if err := a.cs.Close(); err != nil {
 		t.Logf("closing a: %v", err)
