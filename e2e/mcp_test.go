@@ -613,3 +613,108 @@ func TestMCPUnreachableAndSignalled(t *testing.T) {
 	c.wantSettled("termed", "cancelled", "cancel", 143)
 	eventually(t, "the server to exit", func() bool { p, ok := readStat(pid); return !ok || p.dead() })
 }
+
+// mcpClientEnv makes the test binary a Go MCP client of its own process
+// (init below), so that a test can SIGKILL a client: the variable holds
+// the server's argv and the run call's arguments, as JSON.
+const mcpClientEnv = "AGENT_WRAP_E2E_MCP_CLIENT"
+
+func init() {
+	spec := os.Getenv(mcpClientEnv)
+	if spec == "" {
+		return
+	}
+	// Not for the server's children: its ssh's ProxyCommand is this test
+	// binary too, as the relay's connector.
+	os.Unsetenv(mcpClientEnv)
+	os.Exit(mcpHelperClient(spec))
+}
+
+// mcpHelperClient connects to the server, starts the run, prints its
+// result on a line, then waits for its own stdin to end (it is killed
+// before that).
+func mcpHelperClient(spec string) int {
+	var s struct {
+		Server []string       `json:"server"`
+		Run    map[string]any `json:"run"`
+	}
+	if err := json.Unmarshal([]byte(spec), &s); err != nil {
+		return 2
+	}
+	ctx := context.Background()
+	client := mcp.NewClient(&mcp.Implementation{Name: "agent-wrap-e2e-helper", Version: "1"}, nil)
+	cmd := exec.Command(s.Server[0], s.Server[1:]...)
+	cmd.Stderr = os.Stderr
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		os.Stderr.WriteString("helper client: " + err.Error() + "\n")
+		return 1
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run", Arguments: s.Run})
+	if err != nil || res.IsError {
+		os.Stderr.WriteString("helper client: run failed\n")
+		return 1
+	}
+	b, _ := json.Marshal(res.StructuredContent)
+	os.Stdout.Write(append(b, '\n'))
+	buf := make([]byte, 1)
+	os.Stdin.Read(buf) // the test kills this process meanwhile
+	return 0
+}
+
+// TestMCPGoClientKilled: a Go client SIGKILLed with a run live: its server
+// sees its stdin end, cancels the run (confirmed) and exits.
+func TestMCPGoClientKilled(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	buildMCP(t)
+	spec, _ := json.Marshal(map[string]any{
+		"server": append([]string{bin}, c.mcpArgs()...),
+		"run":    map[string]any{"dest": c.srv.Destination(), "run_id": "go-killed", "argv": sleepTree, "wait_seconds": 0},
+	})
+	helper := exec.Command(os.Args[0])
+	helper.Env = append(os.Environ(), mcpClientEnv+"="+string(spec), "AGENT_WRAP_MUX_DIR="+muxDirFor(t))
+	var errb lockedBuf
+	helper.Stderr = &errb
+	in, _ := helper.StdinPipe()
+	out, _ := helper.StdoutPipe()
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		if helper.ProcessState == nil {
+			_ = helper.Process.Kill()
+			_ = helper.Wait()
+		}
+	})
+	line := make(chan string, 1)
+	go func() {
+		b := make([]byte, 64<<10)
+		n, _ := out.Read(b)
+		line <- string(b[:n])
+	}()
+	select {
+	case l := <-line:
+		if !strings.Contains(l, `"run_id":"go-killed"`) {
+			t.Fatalf("helper client: %q\nstderr: %s", l, errb.String())
+		}
+	case <-time.After(3 * waitLong):
+		t.Fatalf("helper client never started its run\nstderr: %s", errb.String())
+	}
+	hr := c.waitRunning("go-killed")
+	waitMembers(t, hr.PGID, 3)
+	serverPID := c.ledgerRec("go-killed").ControllerPID
+	if p, ok := readStat(serverPID); !ok || p.dead() {
+		t.Fatalf("the ledger's controller_pid %d is not a live server", serverPID)
+	}
+	if err := helper.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = helper.Wait()
+	wantFinal(t, c.waitTerminal("go-killed"), "cancelled", "cancel", 143)
+	c.treeGone("go-killed")
+	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("go-killed").State == ledger.Settled })
+	c.wantSettled("go-killed", "cancelled", "cancel", 143)
+	eventually(t, "the server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
+}
