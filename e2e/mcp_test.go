@@ -388,6 +388,9 @@ func TestMCPGoClient(t *testing.T) {
 	wantFinal(t, c.waitTerminal("long"), "cancelled", "cancel", 143)
 	c.treeGone("long")
 	c.wantSettled("long", "cancelled", "cancel", 143)
+	if by := c.cancelBy("long"); by != "mcp:tool" {
+		t.Errorf("the cancel_requested event says by %q, want mcp:tool", by)
+	}
 	k.callOK("status", map[string]any{"run_id": "long"}, &st)
 	if st.Following || st.Host["outcome"] != "cancelled" {
 		t.Errorf("status after the cancel: %+v", st)
@@ -423,6 +426,9 @@ func testMCPAbortedCall(t *testing.T, c *ctlHarness) {
 	c.wantSettled("abort", "cancelled", "cancel", 143)
 	if r := c.ledgerRec("abort"); !r.CancelRequested {
 		t.Errorf("ledger: cancel_requested not recorded: %+v", r)
+	}
+	if by := c.cancelBy("abort"); by != "mcp:client" {
+		t.Errorf("the cancel_requested event says by %q, want mcp:client (the client's cancelled request)", by)
 	}
 	t.Logf("aborted call: tree gone and ledger settled %v after the abort", took)
 	if took > waitLong {
@@ -508,6 +514,9 @@ func TestMCPClientGone(t *testing.T) {
 	wantFinal(t, c.waitTerminal("a-run"), "cancelled", "cancel", 143)
 	c.treeGone("a-run")
 	c.wantSettled("a-run", "cancelled", "cancel", 143)
+	if by := c.cancelBy("a-run"); by != "mcp:exit" {
+		t.Errorf("a-run's cancel_requested event says by %q, want mcp:exit (the client went away)", by)
+	}
 	eventually(t, "a's server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
 
 	b.callOK("wait", map[string]any{"run_id": "b-run", "seconds": 60}, &r)
@@ -529,6 +538,20 @@ func TestMCPClientGone(t *testing.T) {
 		t.Errorf("cancelling the kept run on the host: exit %d: %s", code, out)
 	}
 	c.treeGone("kept")
+}
+
+// cancelBy is the "by" of run id's cancel_requested event in the events
+// file: who asked the MCP server for the cancel.
+func (c *ctlHarness) cancelBy(id string) string {
+	b, _ := os.ReadFile(c.events)
+	for _, line := range strings.Split(string(b), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["run_id"] == id && m["event"] == "cancel_requested" {
+			by, _ := m["by"].(string)
+			return by
+		}
+	}
+	return ""
 }
 
 // cancelHost cancels run id on the host over ssh, as a user would.

@@ -241,10 +241,22 @@ func (h *eventHook) Write(p []byte) (int, error) {
 			}
 		}
 	}
-	if h.out != nil {
-		return h.out.Write(p)
+	if h.out == nil {
+		return len(p), nil
 	}
-	return len(p), nil
+	if ev.Event == controller.EvCancelRequested {
+		// Who asked: the client's cancelled request, the cancel tool, the
+		// client gone; recorded with the event.
+		var m map[string]any
+		if by := h.lr.cancelledBy(); by != "" && json.Unmarshal(p, &m) == nil {
+			m["by"] = "mcp:" + by
+			if b, err := json.Marshal(m); err == nil {
+				h.out.Write(append(b, '\n'))
+				return len(p), nil
+			}
+		}
+	}
+	return h.out.Write(p)
 }
 
 // lockedWriter serialises writes to one file from many runs.
