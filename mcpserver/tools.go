@@ -237,7 +237,11 @@ func (s *Server) await(ctx context.Context, req *mcp.CallToolRequest, lr *liveRu
 			lr.cancel(cancelByLaunch, 0)
 			<-lr.done
 			rec := lr.run.Record()
-			return nil, RunOut{}, fmt.Errorf("cannot reach %s (%s): the run was cancelled before it started, outcome %s; check the destination and its ssh login (keys, known_hosts, port), then call run again", lr.dest, why, rec.Outcome)
+			what := "nothing was started (ledger: not_started)"
+			if rec.Outcome != ledger.NotStarted {
+				what = fmt.Sprintf("run %s was cancelled (ledger: %s %s)", rec.RunID, rec.State, rec.Outcome)
+			}
+			return nil, RunOut{}, fmt.Errorf("cannot reach %s (%s): %s; check the destination and its ssh login (keys, known_hosts, port), then call run again", lr.dest, why, what)
 		case <-ctx.Done():
 			if !errors.Is(context.Cause(ctx), context.Canceled) {
 				// The client is gone: --on-exit decides (Server.Close).
