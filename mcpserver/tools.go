@@ -135,12 +135,22 @@ type ListEntry struct {
 }
 
 func (s *Server) addTools() {
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "run", Description: "Start a command on a remote host under agent-wrap and wait up to wait_seconds for its end. The result has the run_id, state (running or settled), outcome, exit_code and the tails of stdout and stderr with their byte offsets. Cancelling this request cancels the run on its host, confirmed."}, s.toolRun)
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "wait", Description: "Wait up to seconds for a run's end; the same result as run. Cancelling this request cancels the run on its host, confirmed."}, s.toolWait)
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "logs", Description: "Read a run's stdout or stderr from a byte offset: the bytes exactly, and the next offset."}, s.toolLogs)
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "cancel", Description: "Cancel a run: the host stops its whole process tree (TERM, grace, KILL) and confirms it. The result is the confirmed outcome, or unknown with the reason."}, s.toolCancel)
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "status", Description: "A run's ledger record beside its host's verdict (completed, cancelled, running or unknown, with the evidence)."}, s.toolStatus)
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "list", Description: "The runs in the ledger, newest first, with those this server follows marked."}, s.toolList)
+	yes, no := true, false
+	// run starts anything on a host; cancel stops a run (a second cancel
+	// does nothing more); the rest only read, though a wait's cancelled
+	// request cancels its run.
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "run", Description: "Start a command on a remote host under agent-wrap and wait up to wait_seconds for its end. The result has the run_id, state (running or settled), outcome, exit_code and the tails of stdout and stderr with their byte offsets. Cancelling this request cancels the run on its host, confirmed.",
+		Annotations: &mcp.ToolAnnotations{Title: "Run a command on a host", DestructiveHint: &yes, OpenWorldHint: &yes}}, s.toolRun)
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "wait", Description: "Wait up to seconds for a run's end; the same result as run. Cancelling this request cancels the run on its host, confirmed.",
+		Annotations: &mcp.ToolAnnotations{Title: "Wait for a run", DestructiveHint: &no, OpenWorldHint: &yes}}, s.toolWait)
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "logs", Description: "Read a run's stdout or stderr from a byte offset: the bytes exactly, and the next offset.",
+		Annotations: &mcp.ToolAnnotations{Title: "Read a run's output", ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no}}, s.toolLogs)
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "cancel", Description: "Cancel a run: the host stops its whole process tree (TERM, grace, KILL) and confirms it. The result is the confirmed outcome, or unknown with the reason.",
+		Annotations: &mcp.ToolAnnotations{Title: "Cancel a run, confirmed", DestructiveHint: &yes, IdempotentHint: true, OpenWorldHint: &yes}}, s.toolCancel)
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "status", Description: "A run's ledger record beside its host's verdict (completed, cancelled, running or unknown, with the evidence).",
+		Annotations: &mcp.ToolAnnotations{Title: "A run's record and its host's verdict", ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &yes}}, s.toolStatus)
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "list", Description: "The runs in the ledger, newest first, with those this server follows marked.",
+		Annotations: &mcp.ToolAnnotations{Title: "The ledger's runs", ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &no}}, s.toolList)
 }
 
 func (s *Server) toolRun(ctx context.Context, req *mcp.CallToolRequest, in RunIn) (*mcp.CallToolResult, RunOut, error) {
