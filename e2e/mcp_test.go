@@ -741,3 +741,71 @@ func TestMCPGoClientKilled(t *testing.T) {
 	c.wantSettled("go-killed", "cancelled", "cancel", 143)
 	eventually(t, "the server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
 }
+
+// TestMCPParentGone: the client's process gone while its pipe to the
+// server's stdin is still held elsewhere (here by the test): the server
+// sees its parent exit (a pidfd), cancels its live run, confirmed, and
+// exits.
+func TestMCPParentGone(t *testing.T) {
+	t.Parallel()
+	c := newCtlHarness(t)
+	buildMCP(t)
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inW.Close()
+	// The parent: a shell that starts the server with the test's pipe as
+	// its stdin and waits; the test speaks MCP over the pipes directly.
+	// (An asynchronous command's stdin is /dev/null unless redirected, and
+	// dash applies that first: the pipe goes by fd 3.)
+	parent := exec.Command("sh", append([]string{"-c", `exec 3<&0; "$@" <&3 3<&- & wait`, "sh", bin}, c.mcpArgs()...)...)
+	parent.Env = append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t))
+	parent.Stdin = inR
+	var errb lockedBuf
+	parent.Stderr = &errb
+	out, err := parent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inR.Close()
+	t.Cleanup(func() {
+		if parent.ProcessState == nil {
+			_ = parent.Process.Kill()
+			_ = parent.Wait()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*waitLong)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent-wrap-e2e", Version: "1"}, nil).
+		Connect(ctx, &mcp.IOTransport{Reader: out, Writer: inW}, nil)
+	if err != nil {
+		t.Fatalf("connecting: %v\nstderr: %s", err, errb.String())
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run", Arguments: map[string]any{
+		"dest": c.srv.Destination(), "run_id": "orphaned", "argv": sleepTree, "wait_seconds": 0}})
+	if err != nil || res.IsError {
+		t.Fatalf("run: %v %v\nstderr: %s", err, res, errb.String())
+	}
+	hr := c.waitRunning("orphaned")
+	waitMembers(t, hr.PGID, 3)
+	serverPID := c.ledgerRec("orphaned").ControllerPID
+	if err := parent.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = parent.Wait()
+	wantFinal(t, c.waitTerminal("orphaned"), "cancelled", "cancel", 143)
+	c.treeGone("orphaned")
+	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("orphaned").State == ledger.Settled })
+	c.wantSettled("orphaned", "cancelled", "cancel", 143)
+	if by := c.cancelBy("orphaned"); by != "mcp:exit" {
+		t.Errorf("cancel_requested by %q, want mcp:exit", by)
+	}
+	eventually(t, "the server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
+	if !strings.Contains(errb.String(), "the client's process is gone") {
+		t.Errorf("the server did not say why it ended: %s", errb.String())
+	}
+}

@@ -20,7 +20,8 @@
 //     is controller.Run.Cancel: cancel_requested in the ledger, the remote
 //     `cancel --wait` over a new connection, and the request is answered
 //     only once the run is settled. `cancel` is the same as a tool.
-//   - When the client goes away (stdin closed, its process gone) or the
+//   - When the client goes away (stdin closed, or on Linux the process
+//     that started the server gone, seen through a pidfd) or the
 //     server is sent INT, TERM or HUP, every run it started that is still
 //     live is cancelled and each cancel confirmed before the server exits
 //     (--on-exit keep: they are left to their leases, and `agent-wrap

@@ -53,6 +53,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	watchParent(func() {
+		s.notice("the client's process is gone: ending the session")
+		stop()
+	})
 	go func() {
 		for sig := range sigs {
 			if sig != syscall.SIGPIPE {
