@@ -4,8 +4,11 @@ GO ?= go
 PKG := github.com/agent-wrap/agent-wrap
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-LDFLAGS := -s -w -X $(PKG)/cli.version=$(VERSION) -X $(PKG)/cli.commit=$(COMMIT)
+LDFLAGS := -s -w -X $(PKG)/cli.version=$(VERSION) -X $(PKG)/cli.commit=$(COMMIT) -X $(PKG)/mcpserver.version=$(VERSION)
 BIN := bin/agent-wrap
+# The MCP server `agent-wrap mcp` execs, a program of its own so that
+# agent-wrap does not carry the MCP SDK (mcpserver/doc.go).
+MCPBIN := bin/agent-wrap-mcp
 
 export CGO_ENABLED := 0
 
@@ -17,14 +20,23 @@ deps:
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/agent-wrap
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(MCPBIN) ./cmd/agent-wrap-mcp
 
 # The five systems agent-wrap is built for: the host side is Linux only; the
 # controller (ssh, ledger, settle) runs on all five (docs/controller.md).
 PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 freebsd/amd64
 
+# agent-wrap-mcp runs where an agent runs a controller, so it is built for
+# MCP_PLATFORMS, every controller platform by default; deploy sends hosts
+# agent-wrap alone. The deploy tests need only agent-wrap's builds and pass
+# MCP_PLATFORMS= (five links fewer).
+MCP_PLATFORMS ?= $(PLATFORMS)
+
 # Static release builds: dist/agent-wrap-OS-ARCH for each platform,
-# dist/SHA256SUMS (`agent-wrap deploy` sends the linux ones) and the
-# licence, dist/LICENSE. DISTDIR=DIR builds elsewhere (the deploy tests do).
+# dist/agent-wrap-mcp-OS-ARCH for each of MCP_PLATFORMS, and
+# dist/SHA256SUMS (`agent-wrap deploy` sends the linux agent-wrap ones) and
+# the licence, dist/LICENSE.
+# DISTDIR=DIR builds elsewhere (the deploy tests do).
 dist:
 	@d='$(or $(DISTDIR),dist)'; set -e; mkdir -p "$$d"; names=; \
 	for p in $(PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; names="$$names agent-wrap-$$os-$$arch"; \
@@ -32,12 +44,17 @@ dist:
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
 			-o "$$d/agent-wrap-$$os-$$arch" ./cmd/agent-wrap; \
 	done; \
+	for p in $(MCP_PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; names="$$names agent-wrap-mcp-$$os-$$arch"; \
+		echo "+ GOOS=$$os GOARCH=$$arch $(GO) build -o $$d/agent-wrap-mcp-$$os-$$arch"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
+			-o "$$d/agent-wrap-mcp-$$os-$$arch" ./cmd/agent-wrap-mcp; \
+	done; \
 	cp LICENSE "$$d/LICENSE"; \
 	cd "$$d" && sha256sum $$names >SHA256SUMS && cat SHA256SUMS
 
 # The host side as packages: DISTDIR (dist/) gets agent-wrap_V_ARCH.deb and
 # agent-wrap-V-1.ARCH.rpm for amd64 and arm64. `go run ./packaging` stages
-# the files (the binary, the man page and completions from the command
+# the files (the binary and agent-wrap-mcp beside it, the man page and completions from the command
 # table, the watchdog's units from deploy/units, the copyright file) and
 # writes nfpm's configuration; nfpm, pinned in go.mod as a tool, packs them.
 # MAINTAINER defaults to the last commit's author. The LICENSE file at the
@@ -51,8 +68,9 @@ package:
 		s=$$(mktemp -d); trap 'rm -rf "$$s"' EXIT; \
 		echo "+ GOOS=linux GOARCH=$$arch $(GO) build -o $$s/agent-wrap"; \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o "$$s/agent-wrap" ./cmd/agent-wrap; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o "$$s/agent-wrap-mcp" ./cmd/agent-wrap-mcp; \
 		echo "+ $(GO) run ./packaging -arch $$arch -version $(VERSION)"; \
-		$(GO) run -ldflags '$(LDFLAGS)' ./packaging -bin "$$s/agent-wrap" -arch $$arch -version '$(VERSION)' \
+		$(GO) run -ldflags '$(LDFLAGS)' ./packaging -bin "$$s/agent-wrap" -mcp-bin "$$s/agent-wrap-mcp" -arch $$arch -version '$(VERSION)' \
 			-maintainer '$(MAINTAINER)' $$lic -out "$$s/stage"; \
 		for p in deb rpm; do $(GO) tool nfpm package -f "$$s/stage/nfpm.yaml" -p $$p -t "$$d"; done; \
 		rm -rf "$$s"; \

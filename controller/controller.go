@@ -122,6 +122,10 @@ type Run struct {
 	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
 	nest        *nested     // the outer run, inside a run (nested.go); set before Follow's goroutines
 	gw          *httpLaunch // the gateways the launch sends (http.go)
+
+	// cancelGrace is the remote cancel's --grace in nanoseconds; 0: the
+	// host's default (cancelgrace.go).
+	cancelGrace atomic.Int64
 }
 
 // ID returns the run ID.
@@ -837,7 +841,7 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	}
 	b := backoff{}
 	wait := r.cfg.Grace + 30*time.Second
-	words := []string{"cancel", "--json", "--wait", wait.String(), r.cfg.ID}
+	words := r.cancelWords(wait) // cancelgrace.go
 	for ctx.Err() == nil {
 		var out, errb bytes.Buffer
 		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote(words...), &out, &errb)

@@ -120,6 +120,12 @@ func NewPlan(o Options) (*Plan, error) {
 	}
 	p := &Plan{Method: o.Method, User: o.User, Bin: filepath.Join(prefix, "bin", "agent-wrap")}
 	p.Files = append(p.Files, File{Path: p.Bin, Perm: 0o755, Data: bin})
+	// agent-wrap-mcp, the MCP server `agent-wrap mcp` execs, goes where it
+	// is looked for first, beside agent-wrap, when it sits beside the
+	// running binary: on a controller. A host deployed to has none.
+	if mcp, err := os.ReadFile(filepath.Join(filepath.Dir(o.Executable), "agent-wrap-mcp")); err == nil {
+		p.Files = append(p.Files, File{Path: filepath.Join(prefix, "bin", "agent-wrap-mcp"), Perm: 0o755, Data: mcp})
+	}
 	d := unitData{Bin: p.Bin, Root: o.RunRoot, User: o.User, UserName: o.UserName, Marker: CronMarker}
 
 	switch o.Method {

@@ -32,6 +32,10 @@ import (
 // non-interactive command, so `ssh HOST agent-wrap` finds it.
 const Bin = "/usr/bin/agent-wrap"
 
+// MCPBin is where the package installs agent-wrap-mcp, the MCP server
+// `agent-wrap mcp` execs (it looks beside agent-wrap first).
+const MCPBin = "/usr/bin/agent-wrap-mcp"
+
 // Entry is one file of the package.
 type Entry struct {
 	Dst      string // the installed path
@@ -55,6 +59,9 @@ func Contents(bin string, o Options) ([]Entry, error) {
 	es := []Entry{
 		{Dst: Bin, Mode: 0o755, src: bin},
 		{Dst: "/usr/share/man/man1/agent-wrap.1.gz", Mode: 0o644, data: gz.Bytes()},
+	}
+	if o.MCPBin != "" {
+		es = append(es, Entry{Dst: MCPBin, Mode: 0o755, src: o.MCPBin})
 	}
 	for _, c := range []struct{ shell, dst, packager string }{
 		{"bash", "/usr/share/bash-completion/completions/agent-wrap", ""},
@@ -111,6 +118,7 @@ func capture(args ...string) ([]byte, error) {
 // Options are what a package is built with.
 type Options struct {
 	Bin        string // the agent-wrap binary to ship
+	MCPBin     string // the agent-wrap-mcp binary to ship beside it; "": none
 	Arch       string // amd64 or arm64 (GOARCH names; nfpm maps them)
 	Version    string // as `git describe` says it; see PackageVersion
 	Maintainer string
@@ -335,7 +343,7 @@ func copyright(o Options) ([]byte, error) {
 		if holders == "" {
 			holders = "the authors of " + m.path
 		}
-		files, comment := m.path+"/*", "Go module "+m.path+" "+m.version+", linked into /usr/bin/agent-wrap."
+		files, comment := m.path+"/*", "Go module "+m.path+" "+m.version+", linked into /usr/bin/agent-wrap or /usr/bin/agent-wrap-mcp."
 		if m.version == "" {
 			files, comment = "go/*", "The Go standard library and runtime, linked into /usr/bin/agent-wrap."
 		}
@@ -395,15 +403,16 @@ func indent(text string) string {
 	return b.String()
 }
 
-// Linked returns the Go modules ./cmd/agent-wrap links for linux/arch,
-// each "PATH VERSION DIR", and the GOROOT of the Go that builds it: what
-// the copyright file covers. Run inside the module.
+// Linked returns the Go modules ./cmd/agent-wrap and ./cmd/agent-wrap-mcp
+// link for linux/arch, each "PATH VERSION DIR", and the GOROOT of the Go
+// that builds them: what the copyright file covers. Run inside the module.
 func Linked(arch string) (modules []string, goroot string, err error) {
-	cmd := exec.Command("go", "list", "-deps", "-f", "{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}} {{.Dir}}{{end}}{{end}}", "github.com/agent-wrap/agent-wrap/cmd/agent-wrap")
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}} {{.Dir}}{{end}}{{end}}",
+		"github.com/agent-wrap/agent-wrap/cmd/agent-wrap", "github.com/agent-wrap/agent-wrap/cmd/agent-wrap-mcp")
 	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+arch, "CGO_ENABLED=0")
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, "", fmt.Errorf("go list -deps ./cmd/agent-wrap: %w", err)
+		return nil, "", fmt.Errorf("go list -deps ./cmd/agent-wrap ./cmd/agent-wrap-mcp: %w", err)
 	}
 	seen := map[string]bool{}
 	for _, l := range strings.Split(string(out), "\n") {
@@ -423,6 +432,7 @@ func main() {
 	var o Options
 	out := flag.String("out", "", "the staging `DIR` (made if missing)")
 	flag.StringVar(&o.Bin, "bin", "", "the agent-wrap `BINARY` to ship")
+	flag.StringVar(&o.MCPBin, "mcp-bin", "", "the agent-wrap-mcp `BINARY` to ship beside it (none: not shipped)")
 	flag.StringVar(&o.Arch, "arch", "", "amd64 or arm64")
 	flag.StringVar(&o.Version, "version", "", "the version, as git describe prints it")
 	flag.StringVar(&o.Maintainer, "maintainer", "", "the package's Maintainer: field")

@@ -28,7 +28,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "idle", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "scale", "fanout"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "idle", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "mcp", "scale", "fanout"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -167,6 +167,8 @@ func (r *runner) figure(name string) error {
 		return r.httpFigure()
 	case "ledger":
 		return r.ledgerFigure()
+	case "mcp":
+		return r.mcpFigure()
 	case "scale":
 		return r.scale()
 	case "fanout":
