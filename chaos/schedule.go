@@ -36,7 +36,7 @@ var Shapes = []string{
 	"setsid",     // a child that leaves the group with setsid
 	"termignore", // leader and children ignore TERM
 	"forkloop",   // forks short-lived children as fast as it can, for a bounded time
-	"walker",     // forks a child that calls setsid, then exits; the child does the same
+	"walker",     // a child forks a grandchild that calls setsid, then exits; the grandchild does the same
 	"bigoutput",  // writes megabytes to its stdout, then sleeps
 	"sleeper",    // one long sleep
 }
@@ -48,8 +48,8 @@ var Faults = []string{
 	"kill-renew", "stop-renew", // the same for a `renew`
 	"kill-attach", "stop-attach", // the same for an `attach` following the run
 	"kill-watchdog", "stop-watchdog", // the root's watchdog (restarted after a kill, as systemd would)
-	"fill", // the run root's tmpfs filled to the last byte, freed after a pause
-	"ro",   // the tmpfs remounted read-only, then read-write after a pause
+	"fill",                                         // the run root's tmpfs filled to the last byte, freed after a pause
+	"ro",                                           // the tmpfs remounted read-only, then read-write after a pause
 	"tear-status", "tear-deadline", "tear-journal", // a file of the run cut short or garbled
 	"cancel", "cancel2", // a cancel; two at once
 	"renew", // a renewal
@@ -88,17 +88,17 @@ type Schedule struct {
 
 // Options shape what Generate draws.
 type Options struct {
-	Runs      int  // runs per schedule (default 6)
-	Faults    int  // faults per run, on average (default 5)
+	Runs      int  // runs per schedule (default 10)
+	Faults    int  // faults per run: 1 to 2×Faults, drawn (default 4)
 	OtherUser bool // some runs as the second user
 }
 
 func (o Options) withDefaults() Options {
 	if o.Runs <= 0 {
-		o.Runs = 6
+		o.Runs = 10
 	}
 	if o.Faults <= 0 {
-		o.Faults = 5
+		o.Faults = 4
 	}
 	return o
 }
@@ -142,7 +142,7 @@ func Generate(seed uint64, o Options) Schedule {
 			st.Pause = ms(300, 4000)
 			if strings.HasPrefix(st.Fault, "kill-") || strings.HasPrefix(st.Fault, "stop-") {
 				if st.Fault != "kill-wrapper" && st.Fault != "stop-wrapper" && st.Fault != "kill-watchdog" && st.Fault != "stop-watchdog" {
-					st.Arg = r.IntN(150) // ms from the helper's start to the signal
+					st.Arg = r.IntN(40) // ms from the helper's start to the signal
 				}
 			}
 			if strings.HasPrefix(st.Fault, "tear-") {
