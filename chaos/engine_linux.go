@@ -363,6 +363,12 @@ func (p *player) play(ctx context.Context) {
 		if now > end && p.allQuiet() {
 			break
 		}
+		p.mu.Lock()
+		failed := len(p.res.Violations) > 0
+		p.mu.Unlock()
+		if now > end && failed {
+			break // the seed has failed: the end checks say what is still alive
+		}
 		if now > end+p.maxBound()+30*time.Second {
 			break // the end check says what is still alive
 		}
