@@ -84,6 +84,8 @@ var regressionSeeds = []struct {
 }{
 	{104, "a full disk at the claim runs the job with no record and uses up the ID (run exits 0, not 125)"},
 	{105, "a torn journal with the wrapper dead silences the watchdog: the job outlives its lease"},
+	{107, "without a cgroup, a walker (fork, setsid, exit, again) survives a cancel recorded as nothing survived; " +
+		"and an emptied deadline_epoch with the wrapper dead makes the watchdog skip the run"},
 }
 
 // TestRegressionSeeds replays the seeds that found holes, with the default

@@ -193,20 +193,15 @@ func sessionOnly(b []byte) bool {
 }
 
 // judgeTerminal: a terminal record said nothing survived while ps were
-// alive; two seconds later any of them still alive is a violation.
+// alive; two seconds later any process of the run still alive (the same
+// ones, or new ones they forked) is a violation.
 func (p *player) judgeTerminal(idx int, r *runState, rec *statusfile.Record, ps []proc.Stat) {
 	select {
 	case <-time.After(2 * time.Second):
 	case <-p.quit:
 		return
 	}
-	var still []proc.Stat
-	for _, s := range ps {
-		if st, err := proc.ReadStat(s.PID); err == nil && st.Start == s.Start && !st.Dead() {
-			still = append(still, st)
-		}
-	}
-	if len(still) > 0 {
+	if still := p.scan()[idx]; len(still) > 0 {
 		p.violate(CheckTerminalTruth, idx, "record %s (cause %q, exit %v) lists no survivors, but 2s after it was seen these run:\n%s",
 			rec.State, rec.Cause, fmtInt(rec.ExitCode), describe(still))
 	}
