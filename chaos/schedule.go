@@ -140,6 +140,9 @@ func Generate(seed uint64, o Options) Schedule {
 				st.At = dl + rs.Grace + ms(0, 800)
 			}
 			st.Pause = ms(300, 4000)
+			if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
+				st.Pause = ms(12000, 20000) // stopped past the lease bound
+			}
 			if strings.HasPrefix(st.Fault, "kill-") || strings.HasPrefix(st.Fault, "stop-") {
 				if st.Fault != "kill-wrapper" && st.Fault != "stop-wrapper" && st.Fault != "kill-watchdog" && st.Fault != "stop-watchdog" {
 					st.Arg = r.IntN(40) // ms from the helper's start to the signal
