@@ -86,6 +86,7 @@ var regressionSeeds = []struct {
 	{105, "a torn journal with the wrapper dead silences the watchdog: the job outlives its lease"},
 	{107, "without a cgroup, a walker (fork, setsid, exit, again) survives a cancel recorded as nothing survived; " +
 		"and an emptied deadline_epoch with the wrapper dead makes the watchdog skip the run"},
+	{109, "a garbled status.json with the wrapper dead makes the watchdog skip the run: the job outlives its lease"},
 }
 
 // TestRegressionSeeds replays the seeds that found holes, with the default
