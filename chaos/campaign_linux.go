@@ -10,7 +10,8 @@ import (
 
 // Campaign plays schedules of seeds First, First+1, ..., Parallel at a
 // time (each on its own tmpfs, with its own watchdogs), until Duration has
-// passed (Count > 0: that many schedules instead) or a schedule fails.
+// passed (Count > 0: that many schedules instead) or a schedule fails
+// (unless KeepGoing).
 type Campaign struct {
 	Config
 	Options
@@ -18,6 +19,9 @@ type Campaign struct {
 	Duration time.Duration
 	Count    int
 	Parallel int       // schedules played at once (default 1)
+	// KeepGoing plays on after a failing schedule (to measure a
+	// campaign, or collect several failing seeds at once).
+	KeepGoing bool
 	Out      io.Writer // one line per schedule
 }
 
@@ -69,7 +73,7 @@ func (c Campaign) Run(ctx context.Context, cov *Coverage) ([]*Result, error) {
 					return
 				}
 				results[seed] = res
-				if res.Failed() {
+				if res.Failed() && !c.KeepGoing {
 					failed = true
 				}
 				runs, faults := cov.Totals()

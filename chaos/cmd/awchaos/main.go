@@ -38,6 +38,7 @@ func run() int {
 		slack    = flag.Duration("slack", 3*time.Second, "added to the lease bound for a loaded machine")
 		shrink   = flag.Int("shrink", 12, "replays the shrinker may make of a failing schedule (0: no shrinking)")
 		parallel = flag.Int("parallel", 2, "schedules played at once, each on its own tmpfs")
+		keepOn   = flag.Bool("keep-going", false, "play on after a failing schedule (report every failing seed at the end; no shrinking)")
 		verbose  = flag.Bool("v", false, "print the timeline as it happens")
 	)
 	flag.Parse()
@@ -68,7 +69,7 @@ func run() int {
 		cfg.User = *userName
 	}
 	camp := chaos.Campaign{Config: cfg, Options: chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != ""},
-		First: *seed, Duration: *duration, Count: *count, Parallel: *parallel, Out: os.Stdout}
+		First: *seed, Duration: *duration, Count: *count, Parallel: *parallel, KeepGoing: *keepOn, Out: os.Stdout}
 	fmt.Printf("awchaos: seeds from %d, %v (replay one: make chaos SEED=n)\n", *seed, *duration)
 	cov := chaos.NewCoverage()
 	t0 := time.Now()
@@ -81,13 +82,18 @@ func run() int {
 	fmt.Printf("\n%d schedules, %d runs, %d faults in %v\n", len(results), runsN, faultsN, time.Since(t0).Round(time.Second))
 	fmt.Print(cov.String())
 	var bad *chaos.Result
+	nbad := 0
 	for _, r := range results {
 		if r.Failed() {
 			if bad == nil {
 				bad = r
 			}
-			fmt.Printf("\nFAILED: seed %d (%s)\n", r.Schedule.Seed, r.Names())
+			nbad++
+			fmt.Printf("FAILED: seed %d (%s)\n", r.Schedule.Seed, r.Names())
 		}
+	}
+	if nbad > 0 {
+		fmt.Printf("%d of %d schedules failed\n", nbad, len(results))
 	}
 	if bad == nil {
 		fmt.Println("0 violations")
@@ -99,7 +105,7 @@ func run() int {
 			fmt.Print(r.Report())
 		}
 	}
-	if *shrink > 0 {
+	if *shrink > 0 && !*keepOn {
 		fmt.Printf("\nshrinking seed %d (at most %d replays)...\n", bad.Schedule.Seed, *shrink)
 		small := chaos.Shrink(bad.Schedule, func(c chaos.Schedule) bool {
 			r, err := chaos.Play(ctx, cfg, c, nil)
