@@ -7,8 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/relay"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 )
+
+func TestMain(m *testing.M) {
+	relay.Connector() // ssh starts the test binary again as its ProxyCommand
+	os.Exit(m.Run())
+}
 
 // testUser is the second user the tests' runs without a cgroup run as.
 const testUser = "awchaos"

@@ -49,10 +49,14 @@ const (
 	// end-nothing-alive (end): once every bound has passed, no process of
 	// any run is alive.
 	CheckEndNothingAlive = "end-nothing-alive"
+	// ledger-truth (end): a controller run's ledger record is settled
+	// (by the controller, else by a settle), with the host's outcome and
+	// exit code; the controller exits with that code, or 255.
+	CheckLedger = "ledger-truth"
 )
 
 // Checkers lists every checker's name.
-var Checkers = []string{CheckLeaseBound, CheckTerminalTruth, CheckStatesForward, CheckNoRevival, CheckClaim, CheckJournal, CheckReconcile, CheckEndNothingAlive}
+var Checkers = []string{CheckLeaseBound, CheckTerminalTruth, CheckStatesForward, CheckNoRevival, CheckClaim, CheckJournal, CheckReconcile, CheckEndNothingAlive, CheckLedger}
 
 var stateRank = map[string]int{
 	statusfile.Starting: 0, statusfile.Running: 1, statusfile.Cancelling: 2,
@@ -236,6 +240,9 @@ func (p *player) finalChecks() {
 			p.violate(CheckClaim, idx, "`run` exited 125 but left its directory %s: the ID is used up", dir)
 		}
 		if derr != nil {
+			if r.spec.SSH && p.ssh != nil {
+				p.checkLedger(idx, r, "none")
+			}
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(dir, "status.json"))
@@ -248,7 +255,10 @@ func (p *player) finalChecks() {
 		if !torn["events.jsonl"] {
 			p.checkJournal(idx, dir)
 		}
-		p.checkReconcile(idx, r, live[idx])
+		outcome := p.checkReconcile(idx, r, live[idx])
+		if r.spec.SSH && p.ssh != nil {
+			p.checkLedger(idx, r, outcome)
+		}
 	}
 }
 
@@ -292,7 +302,7 @@ func (p *player) checkJournal(idx int, dir string) {
 
 // checkReconcile asks reconcile about a run and compares its verdict with
 // what the harness sees.
-func (p *player) checkReconcile(idx int, r *runState, ps []proc.Stat) {
+func (p *player) checkReconcile(idx int, r *runState, ps []proc.Stat) string {
 	code, out := p.exec(r.u, 60*time.Second, "reconcile", "--json", r.id)
 	var v struct {
 		Outcome    string `json:"outcome"`
@@ -305,7 +315,7 @@ func (p *player) checkReconcile(idx int, r *runState, ps []proc.Stat) {
 	}
 	if err := json.Unmarshal([]byte(line), &v); err != nil {
 		p.violate(CheckReconcile, idx, "reconcile --json exited %d and printed no verdict: %v\n%s", code, err, out)
-		return
+		return ""
 	}
 	p.logf("run %d: reconcile says %s (%s)", idx, v.Outcome, v.Reason)
 	wrapperAlive := false
@@ -320,4 +330,5 @@ func (p *player) checkReconcile(idx int, r *runState, ps []proc.Stat) {
 	case (v.Outcome == "completed" || v.Outcome == "cancelled") && len(ps) > 0:
 		p.violate(CheckReconcile, idx, "reconcile says %s (%s) while these run:\n%s", v.Outcome, v.Reason, describe(ps))
 	}
+	return v.Outcome
 }

@@ -161,6 +161,7 @@ type player struct {
 	shutdown  bool
 	wg        sync.WaitGroup
 	seenProcs map[int]tagged // the /proc scan's cache
+	ssh       *sshSide       // nil: no controller runs
 }
 
 type tagged struct {
@@ -269,8 +270,13 @@ func (p *player) setup() error {
 		p.users = append(p.users, other)
 	}
 	for _, rs := range p.s.Runs {
+		if rs.SSH && p.ssh == nil {
+			if p.ssh, err = p.startSSH(); err != nil {
+				return err
+			}
+		}
 		u := rootUser
-		if rs.Other {
+		if rs.Other && !rs.SSH {
 			u = other
 		}
 		p.runs[rs.Index] = &runState{spec: rs, u: u, id: fmt.Sprintf("r%d-%s", rs.Index, p.nonce[:6]),
@@ -484,6 +490,9 @@ func (p *player) launch(r *runState) {
 	}
 	args = append(args, r.id, "--", "env", r.tag)
 	args = append(args, shapeScript(rs.Shape, rs.Index)...)
+	if rs.SSH {
+		args = p.sshArgs(r)
+	}
 	c := p.command(r.u, args...)
 	c.Stdout, c.Stderr = io.Discard, io.Discard
 	var errb bytes.Buffer
@@ -576,7 +585,7 @@ func (p *player) wrapperOf(r *runState) proc.Identity {
 	if r.wrapper.PID > 1 {
 		return r.wrapper
 	}
-	if r.cmd != nil && r.cmd.Process != nil {
+	if r.cmd != nil && r.cmd.Process != nil && !r.spec.SSH {
 		select {
 		case <-r.done:
 		default:
@@ -586,6 +595,26 @@ func (p *player) wrapperOf(r *runState) proc.Identity {
 		}
 	}
 	return proc.Identity{}
+}
+
+// controllerOf is the identity of a controller run's `agent-wrap ssh`
+// while it runs.
+func (p *player) controllerOf(r *runState) proc.Identity {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !r.spec.SSH || r.cmd == nil || r.cmd.Process == nil {
+		return proc.Identity{}
+	}
+	select {
+	case <-r.done:
+		return proc.Identity{}
+	default:
+	}
+	st, err := proc.ReadStat(r.cmd.Process.Pid)
+	if err != nil {
+		return proc.Identity{}
+	}
+	return proc.Identity{PID: st.PID, Start: st.Start}
 }
 
 // signalStop SIGSTOPs id and SIGCONTs it after pause (or at teardown).
@@ -690,6 +719,41 @@ func (p *player) fault(st Step) {
 		}
 		if !w.hit(p, st.Fault == "kill-watchdog", st.Pause) {
 			landed, note = false, "watchdog not running"
+		}
+	case "cut", "blackhole":
+		if p.ssh == nil {
+			landed, note = false, "no relay"
+			break
+		}
+		if st.Fault == "cut" {
+			p.ssh.relay.Cut()
+			break
+		}
+		p.ssh.relay.Blackhole(true)
+		go func() {
+			select {
+			case <-time.After(st.Pause):
+			case <-p.quit:
+			}
+			p.ssh.relay.Blackhole(false)
+		}()
+		note = fmt.Sprintf("for %v", st.Pause)
+	case "kill-controller", "stop-controller":
+		id := p.controllerOf(r)
+		if id.PID <= 1 {
+			landed, note = false, "no controller"
+			break
+		}
+		var err error
+		if st.Fault == "kill-controller" {
+			err = stop.Signal(id, unix.SIGKILL)
+		} else {
+			err = p.signalStop(id, st.Pause)
+		}
+		if err != nil {
+			landed, note = false, err.Error()
+		} else {
+			note = fmt.Sprintf("pid %d", id.PID)
 		}
 	case "fill":
 		note = p.fill(st.Pause)
@@ -1035,6 +1099,9 @@ func (p *player) teardown() {
 		for run, ps := range live {
 			fmt.Fprintf(os.Stderr, "awchaos: teardown could not kill run %d:\n%s", run, describe(ps))
 		}
+	}
+	if p.ssh != nil {
+		p.ssh.h.close() // the relay, then sshd and its per-connection processes, by recorded PID
 	}
 	for _, r := range p.runs {
 		if rec, err := p.record(r); err == nil && rec.Cgroup != "" {

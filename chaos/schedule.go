@@ -41,8 +41,9 @@ var Shapes = []string{
 	"sleeper",    // one long sleep
 }
 
-// Faults are what the nemesis does. Each targets one run (see Step.Run).
-var Faults = []string{
+// hostFaults are what the nemesis does to any run. Each targets one run
+// (see Step.Run).
+var hostFaults = []string{
 	"kill-wrapper", "stop-wrapper", // SIGKILL / SIGSTOP then SIGCONT of the run's wrapper
 	"kill-cancel", "stop-cancel", // a `cancel` of the run, SIGKILLed / SIGSTOPped soon after it starts
 	"kill-renew", "stop-renew", // the same for a `renew`
@@ -54,6 +55,16 @@ var Faults = []string{
 	"cancel", "cancel2", // a cancel; two at once
 	"renew", // a renewal
 }
+
+// sshFaults are what it does besides to a run driven by `agent-wrap ssh`.
+var sshFaults = []string{
+	"cut",                                // every connection through the relay closed
+	"blackhole",                          // the relay forwards nothing, in either direction, for a pause
+	"kill-controller", "stop-controller", // the `agent-wrap ssh` process
+}
+
+// Faults are every fault, as the coverage table lists them.
+var Faults = append(append([]string{}, hostFaults...), sshFaults...)
 
 // Phases of a run in which a fault can land, as seen when it lands.
 var Phases = []string{"claim", "start", "running", "grace", "final"}
@@ -67,6 +78,9 @@ type RunSpec struct {
 	Lease time.Duration
 	Grace time.Duration
 	Fg    bool // `run` in the foreground (the harness holds it), else --detach
+	// SSH: driven by `agent-wrap ssh` from this machine, through the
+	// relay, to the sshd on 127.0.0.1 (as root; Fg and Other do not apply).
+	SSH bool
 }
 
 // Step is one fault.
@@ -91,6 +105,10 @@ type Options struct {
 	Runs      int  // runs per schedule (default 10)
 	Faults    int  // faults per run: 1 to 2×Faults, drawn (default 4)
 	OtherUser bool // some runs as the second user
+	// SSH adds 1 or 2 runs driven by `agent-wrap ssh` (and their faults,
+	// the relay's among them), drawn from a stream of their own: the other
+	// runs and faults of a seed are the same with SSH or without.
+	SSH bool
 }
 
 func (o Options) withDefaults() Options {
@@ -109,7 +127,7 @@ func Generate(seed uint64, o Options) Schedule {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	s := Schedule{Seed: seed}
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
-	for i := 0; i < o.Runs; i++ {
+	for i := range o.Runs {
 		rs := RunSpec{
 			Index: i,
 			At:    ms(0, 1500),
@@ -123,39 +141,55 @@ func Generate(seed uint64, o Options) Schedule {
 			rs.Grace = 8 * time.Second // a long grace beside short ones
 		}
 		s.Runs = append(s.Runs, rs)
-		n := 1 + r.IntN(2*o.Faults)
-		for j := 0; j < n; j++ {
-			st := Step{Fault: Faults[r.IntN(len(Faults))], Run: i, Aim: Phases[r.IntN(len(Phases))]}
-			dl := rs.At + rs.Lease
-			switch st.Aim {
-			case "claim":
-				st.At = rs.At
-			case "start":
-				st.At = rs.At + ms(5, 60)
-			case "running":
-				st.At = rs.At + ms(200, int(rs.Lease/time.Millisecond)-200)
-			case "grace":
-				st.At = dl + ms(0, int(rs.Grace/time.Millisecond))
-			case "final":
-				st.At = dl + rs.Grace + ms(0, 800)
-			}
-			st.Pause = ms(300, 4000)
-			if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
-				st.Pause = ms(12000, 20000) // stopped past the lease bound
-			}
-			if strings.HasPrefix(st.Fault, "kill-") || strings.HasPrefix(st.Fault, "stop-") {
-				if st.Fault != "kill-wrapper" && st.Fault != "stop-wrapper" && st.Fault != "kill-watchdog" && st.Fault != "stop-watchdog" {
-					st.Arg = r.IntN(40) // ms from the helper's start to the signal
-				}
-			}
-			if strings.HasPrefix(st.Fault, "tear-") {
-				st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
-			}
-			s.Steps = append(s.Steps, st)
+		s.Steps = append(s.Steps, drawFaults(r, rs, o, hostFaults)...)
+	}
+	if o.SSH {
+		rs2 := rand.New(rand.NewPCG(seed^0x5348, seed+0x5348))
+		n := 1 + rs2.IntN(2)
+		for k := 0; k < n; k++ {
+			run := RunSpec{Index: o.Runs + k, At: time.Duration(rs2.IntN(1501)) * time.Millisecond, Shape: Shapes[rs2.IntN(len(Shapes))],
+				Lease: time.Duration(2+rs2.IntN(3)) * time.Second, Grace: time.Duration(1+rs2.IntN(2)) * time.Second, SSH: true}
+			s.Runs = append(s.Runs, run)
+			s.Steps = append(s.Steps, drawFaults(rs2, run, o, Faults)...)
 		}
 	}
 	s.sort()
 	return s
+}
+
+// drawFaults draws the faults of run rs from list.
+func drawFaults(r *rand.Rand, rs RunSpec, o Options, list []string) []Step {
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
+	var out []Step
+	n := 1 + r.IntN(2*o.Faults)
+	for j := 0; j < n; j++ {
+		st := Step{Fault: list[r.IntN(len(list))], Run: rs.Index, Aim: Phases[r.IntN(len(Phases))]}
+		dl := rs.At + rs.Lease
+		switch st.Aim {
+		case "claim":
+			st.At = rs.At
+		case "start":
+			st.At = rs.At + ms(5, 60)
+		case "running":
+			st.At = rs.At + ms(200, int(rs.Lease/time.Millisecond)-200)
+		case "grace":
+			st.At = dl + ms(0, int(rs.Grace/time.Millisecond))
+		case "final":
+			st.At = dl + rs.Grace + ms(0, 800)
+		}
+		st.Pause = ms(300, 4000)
+		if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
+			st.Pause = ms(12000, 20000) // stopped past the lease bound
+		}
+		switch st.Fault {
+		case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
+			st.Arg = r.IntN(40) // ms from the helper's start to the signal
+		case "tear-status", "tear-deadline", "tear-journal":
+			st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 func (s *Schedule) sort() {
@@ -183,6 +217,9 @@ func (s Schedule) Until(t time.Duration) string {
 		}
 		if r.Fg {
 			mode = "foreground"
+		}
+		if r.SSH {
+			who, mode = "root", "through agent-wrap ssh"
 		}
 		ls = append(ls, line{r.At, fmt.Sprintf("run %d: %s %s as %s, lease %v grace %v", r.Index, r.Shape, mode, who, r.Lease, r.Grace)})
 	}

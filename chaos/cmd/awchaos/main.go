@@ -20,9 +20,11 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/chaos"
+	"github.com/agent-wrap/agent-wrap/internal/relay"
 )
 
 func main() {
+	relay.Connector() // ssh starts this program again as its ProxyCommand
 	os.Exit(run())
 }
 
@@ -37,6 +39,7 @@ func run() int {
 		userName = flag.String("user", "awchaos", "the second user, created if missing (\"\": every run as root)")
 		slack    = flag.Duration("slack", 3*time.Second, "added to the lease bound for a loaded machine")
 		shrink   = flag.Int("shrink", 12, "replays the shrinker may make of a failing schedule (0: no shrinking)")
+		sshRuns  = flag.Bool("ssh", true, "add 1 or 2 runs per schedule driven by agent-wrap ssh through a relay to a local sshd")
 		parallel = flag.Int("parallel", 2, "schedules played at once, each on its own tmpfs")
 		keepOn   = flag.Bool("keep-going", false, "play on after a failing schedule (report every failing seed at the end; no shrinking)")
 		verbose  = flag.Bool("v", false, "print the timeline as it happens")
@@ -68,7 +71,7 @@ func run() int {
 		defer remove()
 		cfg.User = *userName
 	}
-	camp := chaos.Campaign{Config: cfg, Options: chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != ""},
+	camp := chaos.Campaign{Config: cfg, Options: chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != "", SSH: *sshRuns},
 		First: *seed, Duration: *duration, Count: *count, Parallel: *parallel, KeepGoing: *keepOn, Out: os.Stdout}
 	fmt.Printf("awchaos: seeds from %d, %v (replay one: make chaos SEED=n)\n", *seed, *duration)
 	cov := chaos.NewCoverage()
