@@ -1088,12 +1088,19 @@ func (p *player) teardown() {
 		if len(live) == 0 {
 			break
 		}
+		// Freeze first, then kill: a walker found by PID has forked its
+		// next self by the time a KILL lands, a stopped one has not.
+		for _, ps := range live {
+			for _, s := range ps {
+				_ = stop.Signal(proc.Identity{PID: s.PID, Start: s.Start}, unix.SIGSTOP)
+			}
+		}
 		for _, ps := range live {
 			for _, s := range ps {
 				_ = stop.Signal(proc.Identity{PID: s.PID, Start: s.Start}, unix.SIGKILL)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 	if live := p.scan(); len(live) > 0 {
 		for run, ps := range live {
