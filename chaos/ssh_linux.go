@@ -92,12 +92,13 @@ func (s *sshSide) rsh() string {
 	return sshtest.Quote(words...)
 }
 
-// sshArgs is the controller's command line for run r.
+// sshArgs is the controller's command line for run r. Its stdin is
+// /dev/null (exec's default), as with ssh -n.
 func (p *player) sshArgs(r *runState) []string {
 	rs := r.spec
 	args := []string{"ssh", "--rsh", p.ssh.rsh(), "--remote-bin", p.bin, "--remote-root", r.u.root,
 		"--id", r.id, "--lease", fmt.Sprint(rs.Lease), "--grace", fmt.Sprint(rs.Grace),
-		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger, "-n",
+		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger,
 		p.ssh.srv.Destination(), "--", "env", r.tag}
 	return append(args, shapeScript(rs.Shape, rs.Index)...)
 }
@@ -121,8 +122,15 @@ func (p *player) ledgerOf(r *runState) map[string]any {
 // so or cannot be asked.
 func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 	m := p.ledgerOf(r)
+	p.mu.Lock()
+	usage := !r.ended.IsZero() && r.code == 64
+	p.mu.Unlock()
+	if m == nil && !usage && hostOutcome != "none" {
+		// The launching record is written before the first connection: a
+		// controller killed before it launched nothing.
+		p.violate(CheckLedger, idx, "no ledger record for controller run %s, but the host has the run (reconcile: %s)", r.id, hostOutcome)
+	}
 	if m == nil {
-		p.violate(CheckLedger, idx, "no ledger record for controller run %s", r.id)
 		return
 	}
 	if m["state"] != "settled" {
