@@ -552,8 +552,19 @@ func (p *player) phase(r *runState) string {
 		}
 		return "claim"
 	}
-	return phaseOf(rec.State, r.deadline)
+	ph := phaseOf(rec.State, r.deadline)
+	if ph == "running" {
+		// The first moments of a running record are still the start: the
+		// pid, pgid and deadline files, the detach's answer.
+		if t, err := time.Parse(time.RFC3339Nano, rec.StartedAt); err == nil && time.Since(t) < startWindow {
+			ph = "start"
+		}
+	}
+	return ph
 }
+
+// startWindow is how long after started_at a run counts as starting.
+const startWindow = 300 * time.Millisecond
 
 func phaseOf(state string, deadline time.Time) string {
 	switch state {
@@ -658,6 +669,11 @@ func (p *player) fault(st Step) {
 	case "kill-wrapper", "stop-wrapper":
 		id := p.wrapperOf(r)
 		if id.PID <= 1 {
+			// Before the record names it: wait a moment for it.
+			p.within(500*time.Millisecond, r, func() bool { id = p.wrapperOf(r); return id.PID > 1 })
+			ph = p.phase(r)
+		}
+		if id.PID <= 1 {
 			landed, note = false, "no wrapper"
 			break
 		}
@@ -761,6 +777,11 @@ func (p *player) fault(st Step) {
 		landed, note = p.readOnlyFor(st.Pause)
 	case "tear-status", "tear-deadline", "tear-journal":
 		name := map[string]string{"tear-status": "status.json", "tear-deadline": "deadline_epoch", "tear-journal": "events.jsonl"}[st.Fault]
+		if _, err := os.Lstat(filepath.Join(r.u.root, r.id, name)); err != nil {
+			// Before the file exists: wait a moment for it.
+			p.within(500*time.Millisecond, r, func() bool { _, err := os.Lstat(filepath.Join(r.u.root, r.id, name)); return err == nil })
+			ph = p.phase(r)
+		}
 		landed, note = p.tear(r, name, st.Arg)
 	case "cancel", "cancel2":
 		n := 1
@@ -794,6 +815,20 @@ func (p *player) fault(st Step) {
 		p.cov.Miss(st.Fault)
 	}
 	p.logf("fault %s on run %d in phase %s (aimed %s): landed %v %s", st.Fault, st.Run, ph, st.Aim, landed, note)
+}
+
+// within polls cond for up to d while r's `run` has not exited.
+func (p *player) within(d time.Duration, r *runState, cond func() bool) {
+	until := time.Now().Add(d)
+	for time.Now().Before(until) && !cond() {
+		select {
+		case <-r.done:
+			return
+		case <-p.quit:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // fill takes every free byte of the tmpfs and gives it back after pause.

@@ -40,7 +40,7 @@ func run() int {
 		slack    = flag.Duration("slack", 3*time.Second, "added to the lease bound for a loaded machine")
 		shrink   = flag.Int("shrink", 12, "replays the shrinker may make of a failing schedule (0: no shrinking)")
 		sshRuns  = flag.Bool("ssh", true, "add 1 or 2 runs per schedule driven by agent-wrap ssh through a relay to a local sshd")
-		parallel = flag.Int("parallel", 2, "schedules played at once, each on its own tmpfs")
+		parallel = flag.Int("parallel", 3, "schedules played at once, each on its own tmpfs")
 		keepOn   = flag.Bool("keep-going", false, "play on after a failing schedule (report every failing seed at the end; no shrinking)")
 		verbose  = flag.Bool("v", false, "print the timeline as it happens")
 	)
