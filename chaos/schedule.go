@@ -179,7 +179,7 @@ func drawFaults(r *rand.Rand, rs RunSpec, o Options, list []string) []Step {
 		}
 		st.Pause = ms(300, 4000)
 		if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
-			st.Pause = ms(12000, 20000) // stopped past the lease bound
+			st.Pause = ms(15000, 30000) // stopped past the lease bound
 		}
 		switch st.Fault {
 		case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
