@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -67,14 +68,20 @@ var quickSeeds = []uint64{100, 101, 102}
 func TestQuickSeeds(t *testing.T) {
 	cfg := config(t)
 	cov := NewCoverage()
-	for _, seed := range quickSeeds {
-		res := play(t, cfg, seed, Options{OtherUser: true, SSH: true}, cov)
-		if res.Failed() {
-			t.Errorf("%s", res.Report())
-		} else {
-			t.Logf("seed %d: ok in %.1fs", seed, res.Elapsed.Seconds())
+	// Side by side, as make chaos plays them: each on its own tmpfs.
+	t.Run("seeds", func(t *testing.T) {
+		for _, seed := range quickSeeds {
+			t.Run(fmt.Sprint(seed), func(t *testing.T) {
+				t.Parallel()
+				res := play(t, cfg, seed, Options{OtherUser: true, SSH: true}, cov)
+				if res.Failed() {
+					t.Errorf("%s", res.Report())
+				} else {
+					t.Logf("seed %d: ok in %.1fs", seed, res.Elapsed.Seconds())
+				}
+			})
 		}
-	}
+	})
 	runs, faults := cov.Totals()
 	t.Logf("%d runs, %d faults landed\n%s", runs, faults, cov)
 	if runs < 11*len(quickSeeds) || faults == 0 {
@@ -96,16 +103,21 @@ var regressionSeeds = []struct {
 	{109, "a garbled status.json with the wrapper dead makes the watchdog skip the run: the job outlives its lease"},
 }
 
-// TestRegressionSeeds replays the seeds that found holes, with the default
-// options the campaign found them with.
+// TestRegressionSeeds replays the seeds that found holes, side by side, with
+// the options the campaign found them with (before controller runs were
+// added: make chaos SEED=n plays the same runs and faults, and one or two
+// controller runs besides).
 func TestRegressionSeeds(t *testing.T) {
 	cfg := config(t)
 	for _, rs := range regressionSeeds {
-		res := play(t, cfg, rs.seed, Options{OtherUser: true}, nil)
-		if res.Failed() {
-			t.Errorf("regression seed %d (found: %s) fails %s:\n%s", rs.seed, rs.hole, res.Names(), res.Report())
-		} else {
-			t.Logf("seed %d: ok in %.1fs (%s: closed)", rs.seed, res.Elapsed.Seconds(), rs.hole)
-		}
+		t.Run(fmt.Sprint(rs.seed), func(t *testing.T) {
+			t.Parallel()
+			res := play(t, cfg, rs.seed, Options{OtherUser: true}, nil)
+			if res.Failed() {
+				t.Errorf("regression seed %d (found: %s) fails %s:\n%s", rs.seed, rs.hole, res.Names(), res.Report())
+			} else {
+				t.Logf("seed %d: ok in %.1fs (%s: closed)", rs.seed, res.Elapsed.Seconds(), rs.hole)
+			}
+		})
 	}
 }
