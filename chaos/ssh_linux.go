@@ -134,7 +134,7 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 		return
 	}
 	if m["state"] != "settled" {
-		code, out := p.exec(p.users[0], 60e9, "settle", "--ledger", p.ssh.ledger, "--rsh", p.ssh.rsh(), r.id)
+		code, out := p.exec(p.users[0], 60e9, "settle", "--ledger", p.ssh.ledger, r.id)
 		p.logf("run %d: settle exited %d %s", idx, code, firstLine(out))
 		m = p.ledgerOf(r)
 	}
