@@ -357,7 +357,12 @@ func (p *player) play(ctx context.Context) {
 			p.sleepUntil(st.At)
 			p.fault(st)
 		}()
-		end = max(end, st.At+st.Pause+time.Second)
+		if !strings.HasPrefix(st.Fault, "stop-") {
+			// A stop may outlast the schedule: what it can break is seen
+			// by the lease bound, and the stopped process is continued
+			// before the end checks.
+			end = max(end, st.At+st.Pause+time.Second)
+		}
 	}
 	// Wait for the faults and launches, then for every run's bound.
 	p.wg.Wait()
@@ -380,6 +385,10 @@ func (p *player) play(ctx context.Context) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// Continue what is still stopped, and let it finish (its wrapper's
+	// final record, a cancel's answer) before the end checks.
+	p.contAll()
+	p.within(10*time.Second, nil, p.allQuiet)
 	close(p.quit)
 	<-checkDone
 	p.finalChecks()
@@ -656,6 +665,19 @@ func (p *player) cont(id proc.Identity) {
 	}
 }
 
+// contAll continues every process the nemesis stopped.
+func (p *player) contAll() {
+	p.mu.Lock()
+	var stopped []proc.Identity
+	for pid, start := range p.stopped {
+		stopped = append(stopped, proc.Identity{PID: pid, Start: start})
+	}
+	p.mu.Unlock()
+	for _, id := range stopped {
+		p.cont(id)
+	}
+}
+
 // fault fires one step.
 func (p *player) fault(st Step) {
 	r := p.runs[st.Run]
@@ -817,16 +839,22 @@ func (p *player) fault(st Step) {
 	p.logf("fault %s on run %d in phase %s (aimed %s): landed %v %s", st.Fault, st.Run, ph, st.Aim, landed, note)
 }
 
-// within polls cond for up to d while r's `run` has not exited.
+// within polls cond for up to d, while r's `run` has not exited (any r
+// nil: for the whole d).
 func (p *player) within(d time.Duration, r *runState, cond func() bool) {
+	var done chan struct{}
+	poll := 100 * time.Millisecond // a /proc scan each time
+	if r != nil {
+		done, poll = r.done, 10*time.Millisecond
+	}
 	until := time.Now().Add(d)
 	for time.Now().Before(until) && !cond() {
 		select {
-		case <-r.done:
+		case <-done:
 			return
 		case <-p.quit:
 			return
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(poll):
 		}
 	}
 }
@@ -1084,14 +1112,8 @@ func (p *player) teardown() {
 	default:
 		close(p.quit)
 	}
-	var stopped []proc.Identity
-	for pid, start := range p.stopped {
-		stopped = append(stopped, proc.Identity{PID: pid, Start: start})
-	}
 	p.mu.Unlock()
-	for _, id := range stopped {
-		p.cont(id)
-	}
+	p.contAll()
 	if p.mnt != "" {
 		p.readWrite()
 	}
