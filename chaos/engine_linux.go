@@ -1139,12 +1139,17 @@ func (p *player) teardown() {
 			_ = c.Process.Kill() // our unreaped child: its PID is still its
 		}
 	}
+	// A scan can miss a walker between its exit and its child's first
+	// appearance in /proc: done only after two empty scans in a row.
 	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	for empty := 0; empty < 2 && time.Now().Before(deadline); {
 		live := p.scan()
 		if len(live) == 0 {
-			break
+			empty++
+			time.Sleep(20 * time.Millisecond)
+			continue
 		}
+		empty = 0
 		// Freeze first, then kill: a walker found by PID has forked its
 		// next self by the time a KILL lands, a stopped one has not.
 		for _, ps := range live {
