@@ -220,7 +220,7 @@ func fmtInt(p *int) string {
 
 // finalChecks run once every run's bound has passed.
 func (p *player) finalChecks() {
-	live := p.scan()
+	live := p.scanTwice()
 	for idx, r := range p.runs {
 		if ps := live[idx]; len(ps) > 0 {
 			bound, how := p.boundOf(r)

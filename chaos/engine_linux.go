@@ -424,7 +424,7 @@ func (p *player) maxBound() time.Duration {
 // allQuiet: every run's `run` has exited, its record is terminal or gone,
 // and no process of any run is alive.
 func (p *player) allQuiet() bool {
-	live := p.scan()
+	live := p.scanTwice()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, r := range p.runs {
@@ -1085,6 +1085,25 @@ func (p *player) scan() map[int][]proc.Stat {
 		}
 	}
 	return out
+}
+
+// scanTwice is two scans 30 ms apart, merged: one can miss a walker
+// between its exit and its child's first appearance in /proc.
+func (p *player) scanTwice() map[int][]proc.Stat {
+	a := p.scan()
+	time.Sleep(30 * time.Millisecond)
+	for run, ps := range p.scan() {
+		seen := map[int]bool{}
+		for _, s := range a[run] {
+			seen[s.PID] = true
+		}
+		for _, s := range ps {
+			if !seen[s.PID] {
+				a[run] = append(a[run], s)
+			}
+		}
+	}
+	return a
 }
 
 func describe(ps []proc.Stat) string {
