@@ -18,11 +18,11 @@ type Campaign struct {
 	First    uint64
 	Duration time.Duration
 	Count    int
-	Parallel int       // schedules played at once (default 1)
+	Parallel int // schedules played at once (default 1)
 	// KeepGoing plays on after a failing schedule (to measure a
 	// campaign, or collect several failing seeds at once).
 	KeepGoing bool
-	Out      io.Writer // one line per schedule
+	Out       io.Writer // one line per schedule
 }
 
 // Run plays the campaign; cov gathers coverage over all of it. It returns

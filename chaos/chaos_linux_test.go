@@ -48,8 +48,11 @@ func play(t *testing.T, cfg Config, seed uint64, o Options, cov *Coverage) *Resu
 	if err != nil {
 		t.Fatalf("seed %d: the harness could not play: %v", seed, err)
 	}
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), "/awchaos-") {
-		t.Errorf("seed %d: a tmpfs of the harness is still mounted:\n%s", seed, mi)
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), " "+res.Mount+" ") {
+		t.Errorf("seed %d: the harness's tmpfs %s is still mounted:\n%s", seed, res.Mount, mi)
+	}
+	if _, err := os.Stat(res.Mount); err == nil {
+		t.Errorf("seed %d: the harness left %s behind", seed, res.Mount)
 	}
 	return res
 }

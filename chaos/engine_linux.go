@@ -71,6 +71,9 @@ type Result struct {
 	Coverage   *Coverage
 	Timeline   []string // what the harness did and saw, with offsets
 	Elapsed    time.Duration
+	// Mount is where the run roots' tmpfs was mounted (unmounted when Play
+	// returns).
+	Mount string
 }
 
 // Failed reports whether any invariant was broken.
@@ -120,8 +123,9 @@ type runState struct {
 	u       *userInfo
 	tag     string
 	cmd     *exec.Cmd // the `run` process
-	done    chan struct{}
-	code    int // exit of `run` once done
+	done     chan struct{}
+	launched chan struct{} // closed once the launch was tried
+	code     int           // exit of `run` once done
 	launch  time.Time
 	ended   time.Time // when `run` exited
 	claimed bool      // a record was seen
@@ -189,6 +193,7 @@ func Play(ctx context.Context, cfg Config, s Schedule, cov *Coverage) (*Result, 
 		return nil, err
 	}
 	defer p.teardown()
+	p.res.Mount = p.mnt
 	p.t0 = time.Now()
 	p.play(ctx)
 	p.res.Elapsed = time.Since(p.t0)
@@ -280,7 +285,7 @@ func (p *player) setup() error {
 			u = other
 		}
 		p.runs[rs.Index] = &runState{spec: rs, u: u, id: fmt.Sprintf("r%d-%s", rs.Index, p.nonce[:6]),
-			tag: fmt.Sprintf("AWCHAOS_TAG=%s.%d", p.nonce, rs.Index), done: make(chan struct{}),
+			tag: fmt.Sprintf("AWCHAOS_TAG=%s.%d", p.nonce, rs.Index), done: make(chan struct{}), launched: make(chan struct{}),
 			torn: map[string]bool{}, violated: map[string]bool{}}
 	}
 	return nil
@@ -355,6 +360,25 @@ func (p *player) play(ctx context.Context) {
 		go func() {
 			defer p.wg.Done()
 			p.sleepUntil(st.At)
+			// Aimed at a moment of a run: counted from the run's real
+			// launch, however late a loaded machine made it.
+			if r := p.runs[st.Run]; r != nil {
+				select {
+				case <-r.launched:
+				case <-p.quit:
+					return
+				}
+				p.mu.Lock()
+				at := r.launch.Add(st.At - r.spec.At)
+				p.mu.Unlock()
+				if d := time.Until(at); d > 0 {
+					select {
+					case <-time.After(d):
+					case <-p.quit:
+						return
+					}
+				}
+			}
 			p.fault(st)
 		}()
 		if !strings.HasPrefix(st.Fault, "stop-") {
@@ -510,6 +534,7 @@ func (p *player) launch(r *runState) {
 	r.launch = time.Now()
 	r.cmd = c
 	p.mu.Unlock()
+	defer close(r.launched)
 	if err := p.start(c); err != nil {
 		p.logf("run %d: cannot start: %v", rs.Index, err)
 		r.code = -1

@@ -156,4 +156,3 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 		}
 	}
 }
-
