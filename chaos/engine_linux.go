@@ -118,17 +118,17 @@ type userInfo struct {
 
 // runState is what the harness knows of one run, whatever the records say.
 type runState struct {
-	spec    RunSpec
-	id      string
-	u       *userInfo
-	tag     string
-	cmd     *exec.Cmd // the `run` process
+	spec     RunSpec
+	id       string
+	u        *userInfo
+	tag      string
+	cmd      *exec.Cmd // the `run` process
 	done     chan struct{}
 	launched chan struct{} // closed once the launch was tried
 	code     int           // exit of `run` once done
-	launch  time.Time
-	ended   time.Time // when `run` exited
-	claimed bool      // a record was seen
+	launch   time.Time
+	ended    time.Time // when `run` exited
+	claimed  bool      // a record was seen
 
 	deadline  time.Time // the lease's end as the harness knows it (zero: none seen yet)
 	expiredAt time.Time // when the harness first saw the deadline passed
