@@ -42,9 +42,14 @@ func run() int {
 		sshRuns  = flag.Bool("ssh", true, "add 1 or 2 runs per schedule driven by agent-wrap ssh through a relay to a local sshd")
 		parallel = flag.Int("parallel", 3, "schedules played at once, each on its own tmpfs")
 		keepOn   = flag.Bool("keep-going", false, "play on after a failing schedule (report every failing seed at the end; no shrinking)")
+		print    = flag.Bool("schedule", false, "print the schedule of -seed and exit (nothing is played)")
 		verbose  = flag.Bool("v", false, "print the timeline as it happens")
 	)
 	flag.Parse()
+	if *print {
+		fmt.Print(chaos.Generate(*seed, chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != "", SSH: *sshRuns}))
+		return 0
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "awchaos: needs root (a tmpfs for the run roots, a second user, cgroups)\nhint: sudo make chaos")
 		return 2
