@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -87,5 +88,21 @@ func TestGenerateIsASeedsFunction(t *testing.T) {
 		if !phases[st.Aim] || st.Run < 0 || st.Run >= len(a.Runs) {
 			t.Errorf("bad step %+v", st)
 		}
+	}
+}
+
+// TestScheduleIsFrozen: the schedule of seed 1 (default options, the second
+// user and controller runs, as make chaos draws) is the one checked in
+// under testdata. A change to Generate changes every seed's schedule, and
+// the regression seeds would no longer replay what found their holes: such
+// a change must find them again (and update the golden file with
+// `go run ./chaos/cmd/awchaos -schedule -seed 1 > chaos/testdata/seed1.schedule`).
+func TestScheduleIsFrozen(t *testing.T) {
+	want, err := os.ReadFile("testdata/seed1.schedule")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Generate(1, Options{OtherUser: true, SSH: true}).String(); got != string(want) {
+		t.Fatalf("seed 1 draws another schedule than testdata/seed1.schedule:\n%s", got)
 	}
 }
