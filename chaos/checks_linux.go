@@ -49,9 +49,10 @@ const (
 	// end-nothing-alive (end): once every bound has passed, no process of
 	// any run is alive.
 	CheckEndNothingAlive = "end-nothing-alive"
-	// ledger-truth (end): a controller run's ledger record is settled
-	// (by the controller, else by a settle), with the host's outcome and
-	// exit code; the controller exits with that code, or 255.
+	// ledger-truth (end): a controller run's controller exits by its
+	// --give-up; its ledger record is then settled (by the controller,
+	// else by a settle), with the host's outcome and exit code; the
+	// controller exits with that code, or 255.
 	CheckLedger = "ledger-truth"
 )
 

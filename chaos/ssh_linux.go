@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/relay"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
@@ -121,6 +122,14 @@ func (p *player) ledgerOf(r *runState) map[string]any {
 // as reconcile says, with its exit code; unknown only where the host says
 // so or cannot be asked.
 func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
+	// The controller settles its own run: wait for it (its --give-up
+	// bounds it) before judging the ledger.
+	select {
+	case <-r.done:
+	case <-time.After(r.spec.Lease + r.spec.Grace + 30*time.Second):
+		p.violate(CheckLedger, idx, "the controller still runs %v after the end of the schedule, past its --give-up", r.spec.Lease+r.spec.Grace+30*time.Second)
+		return
+	}
 	m := p.ledgerOf(r)
 	p.mu.Lock()
 	usage := !r.ended.IsZero() && r.code == 64
