@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command awchaos runs agent-wrap's seeded fault campaign (package chaos)
 // against a real binary: `make chaos [SEED=n] [DURATION=d]`.
 //
