@@ -87,7 +87,7 @@ func (r *Result) Report() string {
 	if len(r.Violations) > 0 {
 		first = r.Violations[0].At
 	}
-	fmt.Fprintf(&b, "seed %d: %d violation(s); replay: make chaos SEED=%d\n", r.Schedule.Seed, len(r.Violations), r.Schedule.Seed)
+	fmt.Fprintf(&b, "seed %d: %d violation(s); replay: %s\n", r.Schedule.Seed, len(r.Violations), r.Schedule.Replay())
 	b.WriteString("schedule up to the first violation:\n")
 	b.WriteString(indent(r.Schedule.Until(first)))
 	for _, v := range r.Violations {

@@ -95,9 +95,23 @@ type Step struct {
 
 // Schedule is a seed's workload and nemesis.
 type Schedule struct {
-	Seed  uint64
-	Runs  []RunSpec
-	Steps []Step
+	Seed    uint64
+	Options Options // what it was drawn with
+	Runs    []RunSpec
+	Steps   []Step
+}
+
+// Replay is the command that plays the schedule again.
+func (s Schedule) Replay() string {
+	o := s.Options
+	if o == (Options{OtherUser: true, SSH: true}).withDefaults() {
+		return fmt.Sprintf("make chaos SEED=%d", s.Seed)
+	}
+	cmd := fmt.Sprintf("bin/awchaos -bin bin/agent-wrap -count 1 -seed %d -runs %d -faults %d -ssh=%v", s.Seed, o.Runs, o.Faults, o.SSH)
+	if !o.OtherUser {
+		cmd += ` -user ""`
+	}
+	return cmd
 }
 
 // Options shape what Generate draws.
@@ -125,7 +139,7 @@ func (o Options) withDefaults() Options {
 func Generate(seed uint64, o Options) Schedule {
 	o = o.withDefaults()
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	s := Schedule{Seed: seed}
+	s := Schedule{Seed: seed, Options: o}
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
 	for i := range o.Runs {
 		rs := RunSpec{
@@ -249,7 +263,7 @@ func (s Schedule) Until(t time.Duration) string {
 // Without returns the schedule with the faults at the given indexes left
 // out; every run is kept.
 func (s Schedule) Without(drop map[int]bool) Schedule {
-	out := Schedule{Seed: s.Seed, Runs: s.Runs}
+	out := Schedule{Seed: s.Seed, Options: s.Options, Runs: s.Runs}
 	for i, st := range s.Steps {
 		if !drop[i] {
 			out.Steps = append(out.Steps, st)
@@ -260,7 +274,7 @@ func (s Schedule) Without(drop map[int]bool) Schedule {
 
 // OnlyRuns keeps the runs in keep and the faults that target them.
 func (s Schedule) OnlyRuns(keep map[int]bool) Schedule {
-	out := Schedule{Seed: s.Seed}
+	out := Schedule{Seed: s.Seed, Options: s.Options}
 	for _, r := range s.Runs {
 		if keep[r.Index] {
 			out.Runs = append(out.Runs, r)
