@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/journal"
@@ -228,38 +229,51 @@ func (p *player) finalChecks() {
 			p.violate(CheckEndNothingAlive, idx, "at the end (%s, bound %s: %s) these still run:\n%s", p.at(time.Now()), p.at(bound), how, describe(ps))
 		}
 	}
+	// Each run's end checks ask agent-wrap (reconcile, settle): side by
+	// side, one goroutine per run.
+	var wg sync.WaitGroup
 	for idx, r := range p.runs {
-		dir := filepath.Join(r.u.root, r.id)
-		p.mu.Lock()
-		code, ended, torn := r.code, !r.ended.IsZero(), map[string]bool{}
-		for k, v := range r.torn {
-			torn[k] = v
-		}
-		p.mu.Unlock()
-		_, derr := os.Lstat(dir)
-		if ended && code == 125 && derr == nil {
-			p.violate(CheckClaim, idx, "`run` exited 125 but left its directory %s: the ID is used up", dir)
-		}
-		if derr != nil {
-			if r.spec.SSH && p.ssh != nil {
-				p.checkLedger(idx, r, "none")
-			}
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, "status.json"))
-		if err == nil {
-			_, err = statusfile.Parse(b)
-		}
-		if err != nil && !torn["status.json"] && ended && code != 125 {
-			p.violate(CheckClaim, idx, "`run` exited %d and the run has no readable record: %v", code, err)
-		}
-		if !torn["events.jsonl"] {
-			p.checkJournal(idx, dir)
-		}
-		outcome := p.checkReconcile(idx, r, live[idx])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.endChecks(idx, r, live[idx])
+		}()
+	}
+	wg.Wait()
+}
+
+// endChecks are the end checks of one run.
+func (p *player) endChecks(idx int, r *runState, ps []proc.Stat) {
+	dir := filepath.Join(r.u.root, r.id)
+	p.mu.Lock()
+	code, ended, torn := r.code, !r.ended.IsZero(), map[string]bool{}
+	for k, v := range r.torn {
+		torn[k] = v
+	}
+	p.mu.Unlock()
+	_, derr := os.Lstat(dir)
+	if ended && code == 125 && derr == nil {
+		p.violate(CheckClaim, idx, "`run` exited 125 but left its directory %s: the ID is used up", dir)
+	}
+	if derr != nil {
 		if r.spec.SSH && p.ssh != nil {
-			p.checkLedger(idx, r, outcome)
+			p.checkLedger(idx, r, "none")
 		}
+		return
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "status.json"))
+	if err == nil {
+		_, err = statusfile.Parse(b)
+	}
+	if err != nil && !torn["status.json"] && ended && code != 125 {
+		p.violate(CheckClaim, idx, "`run` exited %d and the run has no readable record: %v", code, err)
+	}
+	if !torn["events.jsonl"] {
+		p.checkJournal(idx, dir)
+	}
+	outcome := p.checkReconcile(idx, r, ps)
+	if r.spec.SSH && p.ssh != nil {
+		p.checkLedger(idx, r, outcome)
 	}
 }
 

@@ -395,8 +395,8 @@ func (p *player) play(ctx context.Context) {
 			break
 		}
 		now := time.Since(p.t0)
-		if now > end && p.allQuiet() {
-			break
+		if (now > end || p.allTerminal()) && p.allQuiet() {
+			break // nothing left to happen: every fault fired, every run over
 		}
 		p.mu.Lock()
 		failed := len(p.res.Violations) > 0
@@ -459,6 +459,28 @@ func (p *player) allQuiet() bool {
 		}
 		if len(live[r.spec.Index]) > 0 {
 			return false
+		}
+	}
+	return true
+}
+
+// allTerminal: every run's record is terminal, or its `run` exited
+// leaving none (a claim refused, a controller that launched nothing).
+func (p *player) allTerminal() bool {
+	for _, r := range p.runs {
+		select {
+		case <-r.done:
+		default:
+			return false
+		}
+		rec, err := p.record(r)
+		if err == nil && !statusfile.Terminal(rec.State) {
+			return false
+		}
+		if err != nil {
+			if _, derr := os.Lstat(filepath.Join(r.u.root, r.id)); derr == nil {
+				return false // a record torn or not written: wait for the bound
+			}
 		}
 	}
 	return true
