@@ -371,6 +371,13 @@ func (p *player) play(ctx context.Context) {
 				p.mu.Lock()
 				at := r.launch.Add(st.At - r.spec.At)
 				p.mu.Unlock()
+				if r.spec.SSH && st.At > r.spec.At {
+					// A controller run starts on the host only after its
+					// connection: count from the host's first record.
+					status := filepath.Join(r.u.root, r.id, "status.json")
+					p.within(20*time.Second, r, func() bool { _, err := os.Lstat(status); return err == nil })
+					at = time.Now().Add(st.At - r.spec.At)
+				}
 				if d := time.Until(at); d > 0 {
 					select {
 					case <-time.After(d):
