@@ -36,7 +36,7 @@ func config(t *testing.T) Config {
 		t.Fatal(err)
 	}
 	t.Cleanup(remove)
-	return Config{Bin: runtest.Binary(t), User: testUser, Slack: 5 * time.Second}
+	return Config{Bin: runtest.Binary(t), User: testUser, Slack: 10 * time.Second}
 }
 
 // play plays one seed's schedule and fails the test with its report on a
