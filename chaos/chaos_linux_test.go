@@ -21,7 +21,8 @@ func TestMain(m *testing.M) {
 const testUser = "awchaos"
 
 // config is a Config for this test process: the binary built from this
-// tree, the second user (created for the test if missing), and a slack for
+// tree, the second user (added if missing, and left: make chaos may be using
+// it), and a slack for
 // a loaded machine (the whole suite runs at once).
 func config(t *testing.T) Config {
 	t.Helper()
@@ -31,11 +32,9 @@ func config(t *testing.T) Config {
 		}
 		t.Skip("needs root (a tmpfs, a second user, cgroups): run as CI does")
 	}
-	remove, err := EnsureUser(testUser)
-	if err != nil {
+	if err := EnsureUser(testUser); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(remove)
 	return Config{Bin: runtest.Binary(t), User: testUser, Slack: 10 * time.Second}
 }
 

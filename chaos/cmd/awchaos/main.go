@@ -70,12 +70,10 @@ func run() int {
 		cfg.Log = os.Stdout
 	}
 	if *userName != "" {
-		remove, err := chaos.EnsureUser(*userName)
-		if err != nil {
+		if err := chaos.EnsureUser(*userName); err != nil {
 			fmt.Fprintf(os.Stderr, "awchaos: %v\nhint: -user \"\" plays every run as root\n", err)
 			return 2
 		}
-		defer remove()
 		cfg.User = *userName
 	}
 	camp := chaos.Campaign{Config: cfg, Options: chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != "", SSH: *sshRuns},
