@@ -151,7 +151,9 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 	switch {
 	case m["state"] != "settled":
 		p.violate(CheckLedger, idx, "the ledger record is %v after the controller and a settle:\n%v", m["state"], m)
-	case (outcome == "completed" || outcome == "cancelled") && hostOutcome != outcome:
+	case (outcome == "completed" || outcome == "cancelled") && (hostOutcome == "completed" || hostOutcome == "cancelled") && hostOutcome != outcome:
+		// (A host that says unknown now, its record torn since, does not
+		// contradict what the controller learned before.)
 		p.violate(CheckLedger, idx, "the ledger says %s, the host's reconcile %s:\n%v", outcome, hostOutcome, m)
 	case outcome == "not_started" && hostOutcome != "" && hostOutcome != "none":
 		p.violate(CheckLedger, idx, "the ledger says not_started, the host's reconcile %s", hostOutcome)
@@ -160,7 +162,7 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 		p.mu.Lock()
 		code, ended := r.code, !r.ended.IsZero()
 		p.mu.Unlock()
-		if ended && code != 255 && code != int(ec) {
+		if ended && code >= 0 && code != 255 && code != int(ec) { // -1: the nemesis killed it
 			p.violate(CheckLedger, idx, "the controller exited %d, its ledger says exit %d (%s)", code, int(ec), outcome)
 		}
 	}
