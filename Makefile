@@ -146,7 +146,18 @@ bench: build
 clean:
 	rm -rf bin dist
 
-.PHONY: soak fuzz
+.PHONY: soak fuzz chaos
+
+# The seeded fault campaign (chaos/README.md): schedules of runs and faults
+# drawn from a seed, played as root against the real binary on a tmpfs,
+# with invariants checked all the time, until DURATION (default 20m) or a
+# violation; then the coverage of fault × phase. SEED=n replays seed n
+# alone (with DURATION too: a campaign from seed n on).
+SEED ?=
+DURATION ?=
+chaos: build
+	$(GO) build -o bin/awchaos ./chaos/cmd/awchaos
+	bin/awchaos -bin $(BIN) $(if $(SEED),-seed $(SEED) $(if $(DURATION),-duration $(DURATION),-count 1),-duration $(or $(DURATION),20m))
 
 # Reliability at full counts (soak/README.md): the wrapper SIGKILLed at 200
 # random moments, 300 concurrent runs from 4 clients, hostile layouts, a full

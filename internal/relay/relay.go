@@ -13,10 +13,12 @@
 //     and new connections are accepted but not connected to the target:
 //     to both ends the network has gone silent, nothing is closed. Bytes
 //     held meanwhile flow on after Blackhole(false).
-//   - t.Cleanup closes the listener and every connection.
+//   - t.Cleanup (Close, for Listen) closes the listener and every
+//     connection.
 //
 // The ssh side needs a program that connects its stdin and stdout to the
-// relay: the test binary itself, re-executed (see Connector).
+// relay: the test binary (or the program) itself, re-executed (see
+// Connector).
 package relay
 
 import (
@@ -66,22 +68,36 @@ type Relay struct {
 	open, peak, total int // client connections: open now, most open at once, accepted
 }
 
-// Start listens on 127.0.0.1 and relays each connection to target.
+// Start listens on 127.0.0.1 and relays each connection to target; the
+// test's cleanup closes it.
 func Start(t testing.TB, target string) *Relay {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	r, err := Listen(target)
 	if err != nil {
 		t.Fatalf("relay: %v", err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
+// Listen is Start for a program that is not a test (the chaos campaign):
+// the caller closes the relay with Close.
+func Listen(target string) (*Relay, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
 	}
 	r := &Relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}, held: map[net.Conn]bool{}}
 	r.cond = sync.NewCond(&r.mu)
 	go r.serve()
-	t.Cleanup(func() {
-		ln.Close()
-		r.Blackhole(false)
-		r.Cut()
-	})
-	return r
+	return r, nil
+}
+
+// Close stops listening and closes every connection, held ones included.
+func (r *Relay) Close() {
+	r.ln.Close()
+	r.Blackhole(false)
+	r.Cut()
 }
 
 // Connections reports the client connections the relay has seen: how many

@@ -113,3 +113,39 @@ func TestRelayHold(t *testing.T) {
 		t.Fatal("read after Cut succeeded")
 	}
 }
+
+// TestListenClose: a relay made with Listen (no test to clean up after it)
+// relays until Close, which ends the connections open then, a blackholed
+// one included, and stops accepting new ones.
+func TestListenClose(t *testing.T) {
+	rl, err := Listen(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			rl.Close()
+		}
+	})
+	c, err := net.Dial("tcp", rl.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if err := roundTrip(t, c, r, "one", 10*time.Second); err != nil {
+		t.Fatalf("through the relay: %v", err)
+	}
+	rl.Blackhole(true)
+	rl.Close()
+	closed = true
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := r.ReadString('\n'); err == nil {
+		t.Fatal("read after Close succeeded")
+	}
+	if c2, err := net.DialTimeout("tcp", rl.Addr(), 10*time.Second); err == nil {
+		c2.Close()
+		t.Fatal("a new connection after Close was accepted")
+	}
+}

@@ -1,0 +1,289 @@
+// Package chaos is agent-wrap's seeded fault campaign: from one seed it
+// draws a schedule of runs (the workload) and faults (the nemesis), plays
+// it against the real binary on a real tmpfs, checks named invariants all
+// the time and at the end, and counts which fault landed in which phase of
+// a run.
+//
+// What it guarantees:
+//   - A schedule is a pure function of its seed and Options: the same seed
+//     prints the same schedule (Schedule.String), on any machine. Playing
+//     it again repeats the same steps at the same offsets; what the kernel
+//     does in between (timing) can differ.
+//   - Every process the campaign starts is stopped when a schedule ends, by
+//     recorded PID and start time or by the run's recorded cgroup, never by
+//     name; the tmpfs it mounted is unmounted even when a check fails.
+//   - A violation names its checker, the run, and the evidence seen (PIDs,
+//     records, journal lines, times), with the schedule up to it.
+//
+// What it does not guarantee: a failing seed fails again on every replay
+// (a fault can land a few milliseconds off); Shrink therefore keeps a
+// schedule only when a replay fails the same checker.
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Shapes are the workloads a run can have (the job's command; see
+// shapeScript).
+var Shapes = []string{
+	"quick",      // exits at once, with a random code
+	"pipeline",   // a pipeline and background children in the group
+	"setsid",     // a child that leaves the group with setsid
+	"termignore", // leader and children ignore TERM
+	"forkloop",   // forks short-lived children as fast as it can, for a bounded time
+	"walker",     // a child forks a grandchild that calls setsid, then exits; the grandchild does the same
+	"bigoutput",  // writes megabytes to its stdout, then sleeps
+	"sleeper",    // one long sleep
+}
+
+// hostFaults are what the nemesis does to any run. Each targets one run
+// (see Step.Run).
+var hostFaults = []string{
+	"kill-wrapper", "stop-wrapper", // SIGKILL / SIGSTOP then SIGCONT of the run's wrapper
+	"kill-cancel", "stop-cancel", // a `cancel` of the run, SIGKILLed / SIGSTOPped soon after it starts
+	"kill-renew", "stop-renew", // the same for a `renew`
+	"kill-attach", "stop-attach", // the same for an `attach` following the run
+	"kill-watchdog", "stop-watchdog", // the root's watchdog (restarted after a kill, as systemd would)
+	"fill",                                         // the run root's tmpfs filled to the last byte, freed after a pause
+	"ro",                                           // the tmpfs remounted read-only, then read-write after a pause
+	"tear-status", "tear-deadline", "tear-journal", // a file of the run cut short or garbled
+	"cancel", "cancel2", // a cancel; two at once
+	"renew", // a renewal
+}
+
+// sshFaults are what it does besides to a run driven by `agent-wrap ssh`.
+var sshFaults = []string{
+	"cut",                                // every connection through the relay closed
+	"blackhole",                          // the relay forwards nothing, in either direction, for a pause
+	"kill-controller", "stop-controller", // the `agent-wrap ssh` process
+}
+
+// Faults are every fault, as the coverage table lists them.
+var Faults = append(append([]string{}, hostFaults...), sshFaults...)
+
+// Phases of a run in which a fault can land, as seen when it lands.
+var Phases = []string{"claim", "start", "running", "grace", "final"}
+
+// RunSpec is one run of a schedule.
+type RunSpec struct {
+	Index int
+	At    time.Duration // offset of the launch from the schedule's start
+	Shape string
+	Other bool // run as the second user, without a cgroup
+	Lease time.Duration
+	Grace time.Duration
+	Fg    bool // `run` in the foreground (the harness holds it), else --detach
+	// SSH: driven by `agent-wrap ssh` from this machine, through the
+	// relay, to the sshd on 127.0.0.1 (as root; Fg and Other do not apply).
+	SSH bool
+}
+
+// Step is one fault.
+type Step struct {
+	At    time.Duration // offset from the schedule's start
+	Fault string
+	Run   int           // the RunSpec it targets
+	Aim   string        // the phase it was aimed at (it may land in another)
+	Pause time.Duration // for stops, fill and ro: how long until undone; for cancel/renew kills: delay before the kill
+	Arg   int           // fault-specific: tear mode, exit code...
+}
+
+// Schedule is a seed's workload and nemesis.
+type Schedule struct {
+	Seed    uint64
+	Options Options // what it was drawn with
+	Runs    []RunSpec
+	Steps   []Step
+}
+
+// Replay is the command that plays the schedule again.
+func (s Schedule) Replay() string {
+	o := s.Options
+	if o == (Options{OtherUser: true, SSH: true}).withDefaults() {
+		return fmt.Sprintf("make chaos SEED=%d", s.Seed)
+	}
+	cmd := fmt.Sprintf("bin/awchaos -bin bin/agent-wrap -count 1 -seed %d -runs %d -faults %d -ssh=%v", s.Seed, o.Runs, o.Faults, o.SSH)
+	if !o.OtherUser {
+		cmd += ` -user ""`
+	}
+	return cmd
+}
+
+// Options shape what Generate draws.
+type Options struct {
+	Runs      int  // runs per schedule (default 10)
+	Faults    int  // faults per run: 1 to 2×Faults, drawn (default 4)
+	OtherUser bool // some runs as the second user
+	// SSH adds 1 or 2 runs driven by `agent-wrap ssh` (and their faults,
+	// the relay's among them), drawn from a stream of their own: the other
+	// runs and faults of a seed are the same with SSH or without.
+	SSH bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.Runs <= 0 {
+		o.Runs = 10
+	}
+	if o.Faults <= 0 {
+		o.Faults = 4
+	}
+	return o
+}
+
+// Generate draws the schedule of seed.
+func Generate(seed uint64, o Options) Schedule {
+	o = o.withDefaults()
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	s := Schedule{Seed: seed, Options: o}
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
+	for i := range o.Runs {
+		rs := RunSpec{
+			Index: i,
+			At:    ms(0, 1500),
+			Shape: Shapes[r.IntN(len(Shapes))],
+			Other: o.OtherUser && r.IntN(3) == 0,
+			Lease: time.Duration(2+r.IntN(3)) * time.Second,
+			Grace: time.Duration(1+r.IntN(2)) * time.Second,
+			Fg:    r.IntN(3) == 0,
+		}
+		if r.IntN(8) == 0 {
+			rs.Grace = 8 * time.Second // a long grace beside short ones
+		}
+		s.Runs = append(s.Runs, rs)
+		s.Steps = append(s.Steps, drawFaults(r, rs, o, hostFaults)...)
+	}
+	if o.SSH {
+		rs2 := rand.New(rand.NewPCG(seed^0x5348, seed+0x5348))
+		n := 1 + rs2.IntN(2)
+		for k := 0; k < n; k++ {
+			run := RunSpec{Index: o.Runs + k, At: time.Duration(rs2.IntN(1501)) * time.Millisecond, Shape: Shapes[rs2.IntN(len(Shapes))],
+				Lease: time.Duration(2+rs2.IntN(3)) * time.Second, Grace: time.Duration(1+rs2.IntN(2)) * time.Second, SSH: true}
+			s.Runs = append(s.Runs, run)
+			s.Steps = append(s.Steps, drawFaults(rs2, run, o, Faults)...)
+		}
+	}
+	s.sort()
+	return s
+}
+
+// drawFaults draws the faults of run rs from list.
+func drawFaults(r *rand.Rand, rs RunSpec, o Options, list []string) []Step {
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
+	var out []Step
+	n := 1 + r.IntN(2*o.Faults)
+	for j := 0; j < n; j++ {
+		st := Step{Fault: list[r.IntN(len(list))], Run: rs.Index, Aim: Phases[r.IntN(len(Phases))]}
+		dl := rs.At + rs.Lease
+		switch st.Aim {
+		case "claim":
+			st.At = rs.At
+		case "start":
+			st.At = rs.At + ms(5, 60)
+		case "running":
+			st.At = rs.At + ms(200, int(rs.Lease/time.Millisecond)-200)
+		case "grace":
+			st.At = dl + ms(0, int(rs.Grace/time.Millisecond))
+		case "final":
+			st.At = dl + rs.Grace + ms(0, 800)
+		}
+		st.Pause = ms(300, 4000)
+		if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
+			st.Pause = ms(15000, 30000) // stopped past the lease bound
+		}
+		switch st.Fault {
+		case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
+			st.Arg = r.IntN(40) // ms from the helper's start to the signal
+		case "tear-status", "tear-deadline", "tear-journal":
+			st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+func (s *Schedule) sort() {
+	sort.SliceStable(s.Steps, func(i, j int) bool { return s.Steps[i].At < s.Steps[j].At })
+	sort.SliceStable(s.Runs, func(i, j int) bool { return s.Runs[i].At < s.Runs[j].At })
+}
+
+// String prints the schedule, one line per launch and fault, in time
+// order: what a failure report shows.
+func (s Schedule) String() string {
+	return s.Until(-1)
+}
+
+// Until prints the schedule's lines up to offset t (all when t < 0).
+func (s Schedule) Until(t time.Duration) string {
+	type line struct {
+		at time.Duration
+		s  string
+	}
+	var ls []line
+	for _, r := range s.Runs {
+		who, mode := "root", "--detach"
+		if r.Other {
+			who = "user2"
+		}
+		if r.Fg {
+			mode = "foreground"
+		}
+		if r.SSH {
+			who, mode = "root", "through agent-wrap ssh"
+		}
+		ls = append(ls, line{r.At, fmt.Sprintf("run %d: %s %s as %s, lease %v grace %v", r.Index, r.Shape, mode, who, r.Lease, r.Grace)})
+	}
+	for _, st := range s.Steps {
+		extra := ""
+		switch {
+		case st.Fault == "fill" || st.Fault == "ro" || strings.HasPrefix(st.Fault, "stop-"):
+			extra = fmt.Sprintf(" for %v", st.Pause)
+		}
+		if st.Arg != 0 {
+			extra += fmt.Sprintf(" arg %d", st.Arg)
+		}
+		ls = append(ls, line{st.At, fmt.Sprintf("%s on run %d (aimed at %s)%s", st.Fault, st.Run, st.Aim, extra)})
+	}
+	sort.SliceStable(ls, func(i, j int) bool { return ls[i].at < ls[j].at })
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d:\n", s.Seed)
+	for _, l := range ls {
+		if t >= 0 && l.at > t {
+			break
+		}
+		fmt.Fprintf(&b, "  +%6.3fs %s\n", l.at.Seconds(), l.s)
+	}
+	return b.String()
+}
+
+// Without returns the schedule with the faults at the given indexes left
+// out; every run is kept.
+func (s Schedule) Without(drop map[int]bool) Schedule {
+	out := Schedule{Seed: s.Seed, Options: s.Options, Runs: s.Runs}
+	for i, st := range s.Steps {
+		if !drop[i] {
+			out.Steps = append(out.Steps, st)
+		}
+	}
+	return out
+}
+
+// OnlyRuns keeps the runs in keep and the faults that target them.
+func (s Schedule) OnlyRuns(keep map[int]bool) Schedule {
+	out := Schedule{Seed: s.Seed, Options: s.Options}
+	for _, r := range s.Runs {
+		if keep[r.Index] {
+			out.Runs = append(out.Runs, r)
+		}
+	}
+	for _, st := range s.Steps {
+		if keep[st.Run] {
+			out.Steps = append(out.Steps, st)
+		}
+	}
+	return out
+}

@@ -1,0 +1,169 @@
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/internal/relay"
+	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+)
+
+// The controller side: runs drawn with SSH go through `agent-wrap ssh`, to
+// a real sshd on 127.0.0.1 (internal/sshtest) reached through the relay
+// (internal/relay), which the nemesis cuts and blackholes. The program
+// that plays them must call relay.Connector first thing in main (or
+// TestMain): ssh starts it again as its ProxyCommand.
+
+// harnessT is the small part of a test that sshtest needs, for a program:
+// cleanups run at close, a fatal error ends Start by a panic recovered in
+// startSSH.
+type harnessT struct {
+	dir      string
+	cleanups []func()
+	err      error
+}
+
+func (h *harnessT) Helper()          {}
+func (h *harnessT) Cleanup(f func()) { h.cleanups = append(h.cleanups, f) }
+func (h *harnessT) Errorf(format string, a ...any) {
+	if h.err == nil {
+		h.err = fmt.Errorf(format, a...)
+	}
+}
+func (h *harnessT) Fatalf(format string, a ...any) { h.Errorf(format, a...); panic(h) }
+func (h *harnessT) Skipf(format string, a ...any)  { h.Errorf(format, a...); panic(h) }
+func (h *harnessT) TempDir() string {
+	d, err := os.MkdirTemp(h.dir, "sshd-")
+	if err != nil {
+		h.Fatalf("%v", err)
+	}
+	return d
+}
+
+func (h *harnessT) close() {
+	for i := len(h.cleanups) - 1; i >= 0; i-- {
+		h.cleanups[i]()
+	}
+	h.cleanups = nil
+}
+
+// sshSide is the sshd, the relay in front of it and the controller's ledger.
+type sshSide struct {
+	h      *harnessT
+	srv    *sshtest.Server
+	relay  *relay.Relay
+	ledger string
+}
+
+// startSSH starts sshd and the relay for a schedule with SSH runs.
+func (p *player) startSSH() (side *sshSide, err error) {
+	h := &harnessT{dir: p.base}
+	defer func() {
+		if v := recover(); v != nil {
+			if v != h {
+				panic(v)
+			}
+			h.close()
+			side, err = nil, fmt.Errorf("sshd for the controller runs: %w", h.err)
+		}
+	}()
+	srv := sshtest.Start(h)
+	rl, err := relay.Listen(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
+	if err != nil {
+		h.close()
+		return nil, err
+	}
+	h.Cleanup(rl.Close)
+	ledger := filepath.Join(p.base, "ledger")
+	if err := os.Mkdir(ledger, 0o700); err != nil {
+		h.close()
+		return nil, err
+	}
+	return &sshSide{h: h, srv: srv, relay: rl, ledger: ledger}, nil
+}
+
+// rsh is the --rsh of the controller runs: ssh to the test sshd through
+// the relay.
+func (s *sshSide) rsh() string {
+	words := append([]string{"ssh"}, s.srv.SSHArgs()...)
+	words = append(words, "-o", "ProxyCommand="+s.relay.ProxyCommand(), "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3")
+	return sshtest.Quote(words...)
+}
+
+// sshArgs is the controller's command line for run r. Its stdin is
+// /dev/null (exec's default), as with ssh -n.
+func (p *player) sshArgs(r *runState) []string {
+	rs := r.spec
+	args := []string{"ssh", "--rsh", p.ssh.rsh(), "--remote-bin", p.bin, "--remote-root", r.u.root,
+		"--id", r.id, "--lease", fmt.Sprint(rs.Lease), "--grace", fmt.Sprint(rs.Grace),
+		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger,
+		p.ssh.srv.Destination(), "--", "env", r.tag}
+	return append(args, shapeScript(rs.Shape, rs.Index)...)
+}
+
+// ledgerOf reads the controller's record of r (nil if none).
+func (p *player) ledgerOf(r *runState) map[string]any {
+	b, err := os.ReadFile(filepath.Join(p.ssh.ledger, r.id+".json"))
+	if err != nil {
+		return nil
+	}
+	var m map[string]any
+	if json.Unmarshal(b, &m) != nil {
+		return map[string]any{"unparseable": string(b)}
+	}
+	return m
+}
+
+// checkLedger: a controller run ends settled (after a settle if the
+// controller could not), with the host's verdict: completed or cancelled
+// as reconcile says, with its exit code; unknown only where the host says
+// so or cannot be asked.
+func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
+	// The controller settles its own run: wait for it (its --give-up
+	// bounds it) before judging the ledger.
+	select {
+	case <-r.done:
+	case <-time.After(r.spec.Lease + r.spec.Grace + 30*time.Second):
+		p.violate(CheckLedger, idx, "the controller still runs %v after the end of the schedule, past its --give-up", r.spec.Lease+r.spec.Grace+30*time.Second)
+		return
+	}
+	m := p.ledgerOf(r)
+	p.mu.Lock()
+	usage := !r.ended.IsZero() && r.code == 64
+	p.mu.Unlock()
+	if m == nil && !usage && hostOutcome != "none" {
+		// The launching record is written before the first connection: a
+		// controller killed before it launched nothing.
+		p.violate(CheckLedger, idx, "no ledger record for controller run %s, but the host has the run (reconcile: %s)", r.id, hostOutcome)
+	}
+	if m == nil {
+		return
+	}
+	if m["state"] != "settled" {
+		code, out := p.exec(p.users[0], 60e9, "settle", "--ledger", p.ssh.ledger, r.id)
+		p.logf("run %d: settle exited %d %s", idx, code, firstLine(out))
+		m = p.ledgerOf(r)
+	}
+	outcome, _ := m["outcome"].(string)
+	switch {
+	case m["state"] != "settled":
+		p.violate(CheckLedger, idx, "the ledger record is %v after the controller and a settle:\n%v", m["state"], m)
+	case (outcome == "completed" || outcome == "cancelled") && (hostOutcome == "completed" || hostOutcome == "cancelled") && hostOutcome != outcome:
+		// (A host that says unknown now, its record torn since, does not
+		// contradict what the controller learned before.)
+		p.violate(CheckLedger, idx, "the ledger says %s, the host's reconcile %s:\n%v", outcome, hostOutcome, m)
+	case outcome == "not_started" && hostOutcome != "" && hostOutcome != "none":
+		p.violate(CheckLedger, idx, "the ledger says not_started, the host's reconcile %s", hostOutcome)
+	}
+	if ec, ok := m["exit_code"].(float64); ok && (outcome == "completed" || outcome == "cancelled") {
+		p.mu.Lock()
+		code, ended := r.code, !r.ended.IsZero()
+		p.mu.Unlock()
+		if ended && code >= 0 && code != 255 && code != int(ec) { // -1: the nemesis killed it
+			p.violate(CheckLedger, idx, "the controller exited %d, its ledger says exit %d (%s)", code, int(ec), outcome)
+		}
+	}
+}
