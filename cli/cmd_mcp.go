@@ -39,6 +39,7 @@ func runMCP(e *Env, args []string) int {
 	_ = fs.MarkHidden("root") // the run root is the host's: --remote-root
 	var c config.Config
 	c.Define(fs)
+	oneOf(fs, "on-exit", config.OnExitCancel, config.OnExitKeep)
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
