@@ -163,6 +163,9 @@ func TestSSHStdinPastBoundCut(t *testing.T) {
 // `agent-wrap ssh HOST -- seq 1 10000000 | head -2`: the ledger says what
 // reached the controller's stdout, not what the job wrote, and that its
 // reader went away; the run is cancelled, as ssh's SIGPIPE would end it.
+// (The job sleeps after its output, so that the cancel finds it running:
+// a job whose output all went to the host's log before the cancel arrived
+// has finished, and its own outcome stands.)
 func TestSSHOutputReaderGone(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
@@ -171,7 +174,7 @@ func TestSSHOutputReaderGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, c.sshArgs(c.srv.Destination(), id, append([]string{"-n"}, longLease...), "seq", "1", "10000000")...)
+	cmd := exec.Command(bin, c.sshArgs(c.srv.Destination(), id, append([]string{"-n"}, longLease...), "sh", "-c", "seq 1 1000000; exec sleep 300")...)
 	cmd.Env = append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t))
 	cmd.Stdout = pw
 	var errb bytes.Buffer
@@ -214,7 +217,7 @@ func TestSSHOutputReaderGone(t *testing.T) {
 	}
 	r := c.ledgerRec(id)
 	// What reached the pipe: the two lines and at most what the pipe and
-	// the test's read buffer held, never the job's 78888897 bytes.
+	// the test's read buffer held, never the job's 6888896 bytes.
 	if !r.StdoutClosed || r.StdoutBytes < 4 || r.StdoutBytes > 4096+65536 {
 		t.Errorf("ledger: stdout_closed=%v stdout_bytes=%d; want closed and between 4 and %d", r.StdoutClosed, r.StdoutBytes, 4096+65536)
 	}
