@@ -40,7 +40,8 @@ run is cancelled with cause stdin_lost instead.
 func runAttach(e *Env, args []string) int {
 	fs := e.flags("attach")
 	from := fs.String("from", "0,0", "start at byte `N,M` of stdout.log and stderr.log")
-	stdinFrom := fs.Int64("stdin-from", -1, "feed the job's stdin from this command's stdin, whose first byte is byte `K` of the stream (run --stdin pipe)")
+	stdinFrom := fs.Int64("stdin-from", -1, "feed the job's stdin from this command's stdin, whose first byte is byte `K` of the stream (run --stdin pipe); default: not fed")
+	fs.Lookup("stdin-from").DefValue = ""
 	fs.SetInterspersed(true) // no job argv here: flags may follow RUN_ID
 	if code, ok := e.parse(fs, args); !ok {
 		return code
