@@ -66,7 +66,7 @@ func runSSH(e *Env, args []string) int {
 	oneOf(fs, "agent", controller.AgentScoped, controller.AgentInherit, controller.AgentNone)
 	oneOf(fs, "mux", controller.MuxAuto, controller.MuxOff)
 	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
-	noStdin := fs.BoolP("no-stdin", "n", false, "the job's stdin is /dev/null, as ssh -n (default: this command's stdin, byte for byte, end of file included)")
+	noStdin := fs.BoolP("no-stdin", "n", false, "the job's stdin is /dev/null, as ssh -n (default: this command's stdin, byte for byte, end of file included; the last bytes sent, up to $AGENT_WRAP_STDIN_KEEP, default 64M, are kept to send again after a lost connection)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
