@@ -64,6 +64,11 @@ func TestStdinFeederResumes(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "got")
 	r, rec := startFed(t, root, "fed1", "sh", "-c", `cat > "$1"`, "sh", out)
 
+	// A start before the stream's first byte would skip bytes the job
+	// never had: refused, and the run goes on.
+	if c, rep := dialStdin(t, rec, -1); c != nil || rep.OK || rep.Reason != "malformed" {
+		t.Fatalf("feeder from -1: %+v, want refused malformed", rep)
+	}
 	a, rep := dialStdin(t, rec, 0)
 	if !rep.OK || rep.Written != 0 || rep.Closed != "" {
 		t.Fatalf("first feeder: %+v, want ok from 0", rep)

@@ -96,8 +96,12 @@ func (s *supervisor) loseStdin(n stdinLostNote) string {
 // the count, then writes what it sends after the count into the pipe.
 func (s *supervisor) serveStdin(h *handoffConn, req handoff.Request) {
 	f := s.stdin
-	if f == nil {
+	switch {
+	case f == nil:
 		_ = h.c.Answer(handoff.Reply{Reason: handoff.ReasonNoStdin})
+		return
+	case req.From < 0:
+		_ = h.c.Answer(handoff.Reply{Reason: reasonMalformed}) // it would skip bytes the job never had
 		return
 	}
 	if !f.takeOver(h) {
