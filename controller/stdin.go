@@ -111,7 +111,7 @@ func newStdinStream(src io.Reader, keep int64) *stdinStream {
 
 // read is the one goroutine that reads src.
 func (s *stdinStream) read() {
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, chunkSize)
 	for {
 		s.mu.Lock()
 		for s.end-s.start >= s.keep && s.pos <= s.start {
@@ -121,8 +121,7 @@ func (s *stdinStream) read() {
 		n, err := s.src.Read(buf)
 		s.mu.Lock()
 		if n > 0 {
-			s.chunks = append(s.chunks, append([]byte(nil), buf[:n]...))
-			s.end += int64(n)
+			s.add(buf[:n])
 			s.trim()
 		}
 		if err != nil {
@@ -136,6 +135,29 @@ func (s *stdinStream) read() {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// chunkSize is the size of the buffers the kept bytes live in: small reads
+// (a terminal's lines) fill one before the next is made, so the kept bytes
+// are a few chunks, not one per read.
+const chunkSize = 64 << 10
+
+// add appends p to the kept bytes. Called with mu held. Bytes already kept
+// are never written again (a sender may be writing them out unlocked); p
+// goes after them, in the last chunk's spare room or a new chunk.
+func (s *stdinStream) add(p []byte) {
+	s.end += int64(len(p))
+	if last := len(s.chunks) - 1; last >= 0 {
+		c := s.chunks[last]
+		k := min(cap(c)-len(c), len(p))
+		s.chunks[last] = append(c, p[:k]...)
+		p = p[k:]
+	}
+	if len(p) > 0 {
+		c := make([]byte, len(p), max(len(p), chunkSize))
+		copy(c, p)
+		s.chunks = append(s.chunks, c)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"io"
 	"testing"
+	"testing/iotest"
 
 	"github.com/agent-wrap/agent-wrap/handoff"
 )
@@ -110,5 +111,25 @@ func TestStdinKeepFromEnv(t *testing.T) {
 		if (err != nil) != tc.bad || got != tc.want {
 			t.Errorf("%s=%q: %d, %v; want %d, error %v", EnvStdinKeep, tc.v, got, err, tc.want, tc.bad)
 		}
+	}
+}
+
+// Reads of one byte (a terminal, a slow writer) fill a chunk before the
+// next is made: the kept bytes stay a few chunks, and arrive whole.
+func TestStdinStreamSmallReads(t *testing.T) {
+	src := bytes.Repeat([]byte("abcdefgh"), 20<<10) // 160 KiB
+	s := newStdinStream(iotest.OneByteReader(bytes.NewReader(src)), 1<<20)
+	snd := s.sender()
+	pr, pw := io.Pipe()
+	go snd.run(pw)
+	got, err := readFrames(t, pr)
+	if err != nil || !bytes.Equal(got, src) {
+		t.Fatalf("%d bytes, %v; want the %d bytes and EOF", len(got), err, len(src))
+	}
+	s.mu.Lock()
+	n := len(s.chunks)
+	s.mu.Unlock()
+	if want := len(src)/chunkSize + 1; n > want {
+		t.Errorf("%d chunks kept for %d bytes read one at a time, want at most %d", n, len(src), want)
 	}
 }
