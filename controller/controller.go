@@ -429,6 +429,8 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
 	lh := r.launchHost()
+	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
+	defer forget()
 	var gate *launchGate // launchgate.go
 	if lh.mux != nil {
 		g, err := newLaunchGate(ctx)
@@ -436,6 +438,13 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 			return callResult{code: exitcode.Lost, err: err, noLog: true}, nil, ""
 		}
 		gate, line = g, g.wrap(line)
+		// Through a master: the gate's pipe carries "go", then the
+		// secrets, then the job's stdin. Set before the ready line can
+		// be read.
+		gate.payload = stdin
+		if snd != nil {
+			gate.then = snd.run
+		}
 	}
 	pr, pw := io.Pipe()
 	var rec *launchRecord
@@ -447,16 +456,9 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		io.Copy(io.Discard, pr)
 	}()
 	errw := r.newLaunchStderr()
-	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
 	var res callResult
 	switch {
 	case gate != nil:
-		// Through a master: the gate's pipe carries "go", then the
-		// secrets, then the job's stdin.
-		gate.payload = stdin
-		if snd != nil {
-			gate.then = snd.run
-		}
 		res = lh.callIn(longSession(ctx), line, gate.r, pw, errw)
 		if snd != nil {
 			snd.stop()
@@ -474,7 +476,6 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	default:
 		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
 	}
-	forget()
 	pw.Close()
 	<-done
 	res.early = errw.end()
