@@ -38,23 +38,32 @@ func sha256Hex(b []byte) string {
 }
 
 // 5 MiB of random bytes reach the job whole: its sha256sum of its stdin is
-// the digest of what the controller read.
+// the digest of what the controller read. Through agent-wrap's
+// ControlMasters (the launch's stdin behind the launch gate) and with a
+// connection per call (the launch's stdin a pipe of its own).
 func TestSSHStdinDigest(t *testing.T) {
 	t.Parallel()
-	c := newCtlHarness(t)
-	in := randomBytes(t, 5<<20)
-	k := startCtlIn(t, c.env, c.sshArgs(c.srv.Destination(), "stdin-digest", longLease, "sha256sum"), bytes.NewReader(in))
-	if code := k.wait(t); code != 0 {
-		t.Fatalf("controller exit %d, want 0\nstderr: %s", code, k.stderr())
+	for _, mux := range []string{"auto", "off"} {
+		t.Run("mux-"+mux, func(t *testing.T) {
+			t.Parallel()
+			c := newCtlHarness(t)
+			id := "stdin-digest-" + mux
+			in := randomBytes(t, 5<<20)
+			flags := append([]string{"--mux", mux}, longLease...)
+			k := startCtlIn(t, c.env, c.sshArgs(c.srv.Destination(), id, flags, "sha256sum"), bytes.NewReader(in))
+			if code := k.wait(t); code != 0 {
+				t.Fatalf("controller exit %d, want 0\nstderr: %s", code, k.stderr())
+			}
+			if got, want := k.stdout(), sha256Hex(in)+"  -\n"; got != want {
+				t.Errorf("the job's digest of its stdin: %q, want %q", got, want)
+			}
+			if k.stderr() != "" {
+				t.Errorf("a clean run said something: %q", k.stderr())
+			}
+			c.wantSettled(id, "completed", "", 0)
+			c.treeGone(id)
+		})
 	}
-	if got, want := k.stdout(), sha256Hex(in)+"  -\n"; got != want {
-		t.Errorf("the job's digest of its stdin: %q, want %q", got, want)
-	}
-	if k.stderr() != "" {
-		t.Errorf("a clean run said something: %q", k.stderr())
-	}
-	c.wantSettled("stdin-digest", "completed", "", 0)
-	c.treeGone("stdin-digest")
 }
 
 // An empty stdin is an immediate end of file for the job: cat returns.
