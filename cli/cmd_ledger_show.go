@@ -161,8 +161,14 @@ func writeLedgerRecord(w io.Writer, r *ledger.Record, now time.Time) {
 	if r.RemotePID > 0 {
 		row("remote", "pid %d, boot %s", r.RemotePID, r.BootID)
 	}
-	if r.StdoutBytes > 0 || r.StderrBytes > 0 {
-		row("delivered", "stdout %d bytes, stderr %d bytes", r.StdoutBytes, r.StderrBytes)
+	if r.StdoutBytes > 0 || r.StderrBytes > 0 || r.StdoutClosed || r.StderrClosed {
+		gone := func(closed bool) string {
+			if closed {
+				return " (then its reader went away)"
+			}
+			return ""
+		}
+		row("delivered", "stdout %d bytes%s, stderr %d bytes%s", r.StdoutBytes, gone(r.StdoutClosed), r.StderrBytes, gone(r.StderrClosed))
 	}
 	if r.ControllerPID > 0 {
 		row("controller", "pid %d", r.ControllerPID)

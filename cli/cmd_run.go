@@ -44,6 +44,13 @@ Every usage error is found before the claim, so a mistake never uses up an
 ID. In the short form (no "run"), a RUN_ID that is a command name or one or
 two typing slips from one is refused: say "run" to use it.`
 
+// run --stdin modes.
+const (
+	stdinInherit = "inherit"
+	stdinNull    = "null"
+	stdinPipe    = "pipe"
+)
+
 type runFlags struct {
 	lease, grace durationValue
 	detach       bool
@@ -51,6 +58,7 @@ type runFlags struct {
 	onHangup     string
 	cgroup       string
 	agent        string
+	stdin        string // --stdin: inherit, null or pipe
 	detachFD     int // set only in the supervisor that --detach starts (detach.go)
 	// handoffGrace is --handoff-grace; -1: not given (the grace).
 	handoffGrace durationValue
@@ -73,6 +81,7 @@ func runRun(e *Env, args []string) int {
 	oneOf(fs, "agent", wrapper.AgentScoped, wrapper.AgentInherit, wrapper.AgentNone)
 	fs.Var(&rf.handoffGrace, "handoff-grace", "at a stop, wait up to `D` for the runs the job started on other hosts (agent-wrap ssh) to confirm their cancel, before signalling the group (default: the grace)")
 	fs.Lookup("handoff-grace").DefValue = ""
+	fs.StringVar(&rf.stdin, "stdin", stdinInherit, "the job's stdin: inherit (this command's own; /dev/null with --detach), null (/dev/null), or pipe (a pipe the wrapper feeds from 'attach --stdin-from', as agent-wrap ssh does)")
 	fs.IntVar(&rf.detachFD, "detach-fd", 0, "internal: write the running record to `FD` (the --detach supervisor)")
 	_ = fs.MarkHidden("detach-fd")
 	addHTTPFlags(fs, &rf.http)
@@ -90,6 +99,11 @@ func runRun(e *Env, args []string) int {
 	}
 	if rf.cgroup != wrapper.CgroupAuto && rf.cgroup != wrapper.CgroupOff {
 		return e.usageError("--cgroup must be auto or off, not %q", rf.cgroup)
+	}
+	switch rf.stdin {
+	case stdinInherit, stdinNull, stdinPipe:
+	default:
+		return e.usageError("--stdin must be inherit, null or pipe, not %q", rf.stdin)
 	}
 	switch rf.agent {
 	case "", wrapper.AgentScoped, wrapper.AgentInherit, wrapper.AgentNone:
@@ -141,8 +155,13 @@ func runRun(e *Env, args []string) int {
 		Exiting:  e.Exits,
 	}
 	cfg.HandoffGrace = rf.handoffGraceConfig()
-	if f, ok := e.Stdin.(*os.File); ok {
-		cfg.Stdin = f
+	switch rf.stdin {
+	case stdinPipe:
+		cfg.StdinPipe = true
+	case stdinInherit:
+		if f, ok := e.Stdin.(*os.File); ok {
+			cfg.Stdin = f
+		}
 	}
 	if rf.detachFD > 2 {
 		cfg.Running = detachedRunning(rf.detachFD)

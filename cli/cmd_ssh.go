@@ -30,7 +30,10 @@ controller's half of the contract: a ledger record written before the first
 connection, lease renewals over their own connections, a reattach from the
 byte offsets delivered after a lost connection, and on INT, TERM or HUP a
 confirmed remote cancel over a new connection. The job's stdout and stderr
-arrive byte for byte; the job's stdin is /dev/null. Inside a run
+arrive byte for byte, and its stdin is this command's, byte for byte, end of
+file included, across reattaches (-n: /dev/null). Output that cannot be
+delivered (the reader went away, as with '| head') cancels the run, as ssh's
+SIGPIPE would end it; the ledger says so. Inside a run
 ($AGENT_WRAP_CONTROL set by its wrapper) the run is registered with that run
 before the launch, its lease capped at that run's time left, and it is
 cancelled before that run stops. The --http* flags are run's (the job gets
@@ -63,6 +66,7 @@ func runSSH(e *Env, args []string) int {
 	oneOf(fs, "agent", controller.AgentScoped, controller.AgentInherit, controller.AgentNone)
 	oneOf(fs, "mux", controller.MuxAuto, controller.MuxOff)
 	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
+	noStdin := fs.BoolP("no-stdin", "n", false, "the job's stdin is /dev/null, as ssh -n (default: this command's stdin, byte for byte, end of file included; the last bytes sent, up to $AGENT_WRAP_STDIN_KEEP, default 64M, are kept to send again after a lost connection)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -114,11 +118,28 @@ func runSSH(e *Env, args []string) int {
 		}
 		cfg.Rsh = words
 	}
+	if !*noStdin {
+		if err := controller.CheckRshStdin(cfg.Rsh); err != nil {
+			e.errorf("ssh: --rsh: %v, and the job's stdin is sent over it", err)
+			e.hint("drop that word from --rsh (or $AGENT_WRAP_RSH), or give -n for a job whose stdin is /dev/null; nothing was recorded or launched")
+			return ExitUsage
+		}
+		keep, err := controller.StdinKeepFromEnv(e.Getenv)
+		if err != nil {
+			e.errorf("ssh: %v", err)
+			e.hint("unset it for the default of 64M; nothing was recorded or launched")
+			return ExitUsage
+		}
+		cfg.StdinKeep = keep
+	}
 	specs, code := e.sshGateways(hf, cfg.Rsh)
 	if code != 0 {
 		return code
 	}
 	cfg.HTTP = specs
+	if !*noStdin && e.Stdin != nil {
+		cfg.Stdin = e.Stdin // after the gateways' secrets read from it, if any
+	}
 	l, code := e.openControllerLedger(*ledgerDir)
 	if l == nil {
 		return code

@@ -124,6 +124,9 @@ func (e *Env) runDetached(id string, argv []string, rf runFlags, specs []*httpgw
 	args := []string{os.Args[0], "--root", root.Path, "run", "--no-stream",
 		"--lease", time.Duration(rf.lease).String(), "--grace", time.Duration(rf.grace).String(),
 		"--on-hangup", rf.onHangup, "--cgroup", rf.cgroup, "--agent", rf.agent, "--detach-fd", fmt.Sprint(detachFD)}
+	if rf.stdin == stdinPipe {
+		args = append(args, "--stdin", stdinPipe) // else inherit: the supervisor's is /dev/null
+	}
 	if rf.handoffGrace >= 0 {
 		args = append(args, "--handoff-grace", time.Duration(rf.handoffGrace).String())
 	}

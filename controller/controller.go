@@ -69,6 +69,15 @@ type Config struct {
 	// AgentSocket is the controller's own agent (its SSH_AUTH_SOCK), the
 	// one the launch connection forwards; "": ssh's own choice.
 	AgentSocket string
+	// Stdin is the job's stdin, byte for byte, end of file included,
+	// across reattaches (stdin.go): an io.Reader the controller reads
+	// once, as it is sent (os.Stdin, or bytes.NewReader for bytes a caller
+	// holds). nil: the job's stdin is /dev/null, as `ssh -n`.
+	Stdin io.Reader
+	// StdinKeep bounds the bytes of Stdin kept after they were sent, to
+	// send again after a lost connection; 0: DefaultStdinKeep (see
+	// StdinKeepFromEnv).
+	StdinKeep int64
 	// Notice receives the controller's own words (a detach, a cancel, an
 	// unknown outcome), without prefix or newline. nil: Stderr, prefixed
 	// "agent-wrap: ".
@@ -119,9 +128,10 @@ type Run struct {
 	// host (host.mayHaveSent). While false, no attempt got past the login,
 	// so a give-up before the launch knows the run was never started.
 	mayHaveSent atomic.Bool
-	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
-	nest        *nested     // the outer run, inside a run (nested.go); set before Follow's goroutines
-	gw          *httpLaunch // the gateways the launch sends (http.go)
+	noAttach    atomic.Bool  // the host's agent-wrap has no attach: follow with wait
+	nest        *nested      // the outer run, inside a run (nested.go); set before Follow's goroutines
+	gw          *httpLaunch  // the gateways the launch sends (http.go)
+	in          *stdinStream // the job's stdin (stdin.go); nil: /dev/null
 
 	// cancelGrace is the remote cancel's --grace in nanoseconds; 0: the
 	// host's default (cancelgrace.go).
@@ -226,6 +236,11 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	}
 	r.w = newWriter(cfg.Ledger, cfg.ID, cfg.GiveUp, cfg.Notice)
 	r.out.onWrite, r.errw.onWrite = r.progress, r.progress
+	r.out.onClosed = func(err error) { r.outputClosed("stdout", r.out, err) }
+	r.errw.onClosed = func(err error) { r.outputClosed("stderr", r.errw, err) }
+	if cfg.Stdin != nil {
+		r.in = newStdinStream(cfg.Stdin, cfg.StdinKeep)
+	}
 	r.reattaching.Store("")
 	r.lastRenew.Store(time.Now().UnixNano())
 	r.ev.emit(EvLaunching, map[string]any{"dest": cfg.Dest, "command": argv, "lease_seconds": lease})
@@ -275,7 +290,8 @@ func (r *Run) move(e runEvent, change func(l *ledger.Record, from runState)) (ru
 // enqueue queues the record, with its byte counts, for writing. Called
 // with mu held.
 func (r *Run) enqueue() uint64 {
-	r.rec.StdoutBytes, r.rec.StderrBytes = r.out.n.Load(), r.errw.n.Load()
+	r.rec.StdoutBytes, r.rec.StderrBytes = r.out.delivered.Load(), r.errw.delivered.Load()
+	r.rec.StdoutClosed, r.rec.StderrClosed = r.out.closed.Load(), r.errw.closed.Load()
 	return r.w.enqueue(r.rec)
 }
 
@@ -398,15 +414,23 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		lease = l
 	}
 	words := append(append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String()}, r.agentFlags()...), r.gw.args...)
+	words = append(words, r.stdinWords()...)
 	words = append(append(words, r.cfg.ID, "--"), r.argv...)
 	// --from before the ID: an agent-wrap too old to know attach reads
 	// this as the short form of run with an unknown flag, a usage error
 	// (64) found before any claim, rather than run a job named RUN_ID.
-	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote("attach", "--from", "0,0", r.cfg.ID)
+	snd, stdinFrom := r.stdinSender() // stdin.go: the job's stdin follows the gateways' secrets
+	if snd != nil {
+		defer snd.stop()
+	}
+	attachWords := append(append([]string{"attach", "--from", "0,0"}, stdinFrom...), r.cfg.ID)
+	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote(attachWords...)
 
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
 	lh := r.launchHost()
+	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
+	defer forget()
 	var gate *launchGate // launchgate.go
 	if lh.mux != nil {
 		g, err := newLaunchGate(ctx)
@@ -414,6 +438,13 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 			return callResult{code: exitcode.Lost, err: err, noLog: true}, nil, ""
 		}
 		gate, line = g, g.wrap(line)
+		// Through a master: the gate's pipe carries "go", then the
+		// secrets, then the job's stdin. Set before the ready line can
+		// be read.
+		gate.payload = stdin
+		if snd != nil {
+			gate.then = snd.run
+		}
 	}
 	pr, pw := io.Pipe()
 	var rec *launchRecord
@@ -425,18 +456,26 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		io.Copy(io.Discard, pr)
 	}()
 	errw := r.newLaunchStderr()
-	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
 	var res callResult
-	if gate != nil {
-		// Through a master: the gate's pipe carries "go", then the
-		// secrets.
-		gate.payload = stdin
+	switch {
+	case gate != nil:
 		res = lh.callIn(longSession(ctx), line, gate.r, pw, errw)
+		if snd != nil {
+			snd.stop()
+		}
 		gate.close()
-	} else {
+	case snd != nil:
+		in, done, err := snd.pipe(stdin)
+		if err != nil {
+			res = callResult{code: exitcode.Lost, err: err}
+			break
+		}
+		res = lh.callIn(ctx, line, in, pw, errw)
+		snd.stop()
+		done()
+	default:
 		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
 	}
-	forget()
 	pw.Close()
 	<-done
 	res.early = errw.end()
@@ -523,13 +562,28 @@ func (r *Run) attach(ctx context.Context) callResult {
 	}
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
-	line := r.h.remote("attach", "--from", from, r.cfg.ID)
+	var res callResult
+	snd, stdinFrom := (*stdinSender)(nil), []string(nil)
+	if !r.noAttach.Load() {
+		snd, stdinFrom = r.stdinSender() // stdin.go: the job's stdin, sent again from the oldest byte kept
+	}
+	line := r.h.remote(append(append([]string{"attach", "--from", from}, stdinFrom...), r.cfg.ID)...)
 	if r.noAttach.Load() {
 		// The host cannot stream: learn the end with wait (75 at the
 		// timeout, which finish takes for a live run and follows again).
 		line = r.h.remote("wait", "--timeout", "60s", r.cfg.ID)
 	}
-	res := r.h.call(longSession(ctx), line, r.out, r.errw) // muxticket.go
+	if snd != nil {
+		in, done, err := snd.pipe(nil)
+		if err != nil {
+			return callResult{code: exitcode.Lost, err: err}
+		}
+		res = r.h.callIn(longSession(ctx), line, in, r.out, r.errw) // muxticket.go
+		snd.stop()
+		done()
+	} else {
+		res = r.h.call(longSession(ctx), line, r.out, r.errw) // muxticket.go
+	}
 	if !res.lost() {
 		r.attached()
 		if r.cfg.Lease < 0 || r.renewFailed.Load() {
@@ -905,23 +959,50 @@ func (b *backoff) wait(ctx context.Context) {
 	}
 }
 
-// countingWriter counts the bytes delivered to w. A write error (the
-// controller's own stdout closed) counts the bytes as delivered and drops
-// them: the run is not disturbed because its reader went away.
+// countingWriter counts the bytes of one of the job's streams that
+// arrived (n: the offset a reattach starts from) and those written to w
+// (delivered). Once a write to w fails (the reader of the controller's
+// stdout went away, as with '| head'), nothing more is written, the rest
+// is counted as arrived and dropped, and onClosed is called once.
 type countingWriter struct {
-	mu      sync.Mutex
-	w       io.Writer
-	n       atomic.Int64
-	onWrite func() // called after each write, outside the lock
+	mu        sync.Mutex
+	w         io.Writer
+	n         atomic.Int64
+	delivered atomic.Int64
+	closed    atomic.Bool
+	onWrite   func()          // called after each write, outside the lock
+	onClosed  func(err error) // called once, when a write to w fails, outside the lock
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	c.mu.Lock()
-	_, _ = c.w.Write(p)
+	var failed error
+	if !c.closed.Load() {
+		k, err := c.w.Write(p)
+		c.delivered.Add(int64(k))
+		if err != nil {
+			c.closed.Store(true)
+			failed = err
+		}
+	}
 	c.n.Add(int64(len(p)))
 	c.mu.Unlock()
+	if failed != nil && c.onClosed != nil {
+		c.onClosed(failed)
+	}
 	if c.onWrite != nil && len(p) > 0 {
 		c.onWrite()
 	}
 	return len(p), nil
+}
+
+// outputClosed answers a reader that went away (a write to the
+// controller's stdout or stderr failed): as ssh's SIGPIPE ends `ssh HOST
+// CMD | head`, the run is cancelled, and the ledger and the events say
+// what was delivered and that the reader went away.
+func (r *Run) outputClosed(stream string, w *countingWriter, err error) {
+	r.update(func(*ledger.Record) {}) // enqueue writes the closed flags and the counts
+	r.ev.emit(EvOutputClosed, map[string]any{"stream": stream, "delivered": w.delivered.Load(), "error": err.Error()})
+	r.cfg.Notice(fmt.Sprintf("run %s: the reader of its %s went away after %d bytes (%v); cancelling the run, as ssh's SIGPIPE would end it", r.cfg.ID, stream, w.delivered.Load(), err))
+	r.Cancel()
 }

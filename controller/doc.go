@@ -27,6 +27,15 @@
 //     record then settled), or 255 when it is not: --give-up passed since
 //     the last renewal that succeeded, or the host says unknown. A run left
 //     unsettled is for Settle.
+//   - The job's stdin is Config.Stdin, byte for byte, end of file included,
+//     across reattaches: the host's wrapper counts what it wrote into the
+//     job's pipe and skips what a reattach sends again; the controller keeps
+//     the last Config.StdinKeep bytes it sent (64 MiB). Where the stream
+//     cannot be resumed without a hole the host cancels the run with cause
+//     stdin_lost (stdin.go). nil: /dev/null.
+//   - A write to Config.Stdout or Config.Stderr that fails (the reader went
+//     away) cancels the run, as ssh's SIGPIPE would; the ledger counts the
+//     bytes written and says the reader went away (stdout_closed).
 //   - Cancel records cancel_requested in the ledger (synced) before it
 //     returns, and makes Follow send `cancel --wait` over a new connection
 //     while the stream goes on delivering output up to the final record. It

@@ -19,6 +19,9 @@ const (
 	EvCancelRequested = "cancel_requested"
 	EvCancelConfirmed = "cancel_confirmed"
 	EvSettled         = "settled"
+	// EvOutputClosed: the reader of the controller's stdout or stderr
+	// went away (stream, delivered bytes, error); the run is cancelled.
+	EvOutputClosed = "output_closed"
 )
 
 type eventLog struct {

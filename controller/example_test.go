@@ -1,10 +1,12 @@
 package controller_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/agent-wrap/agent-wrap/controller"
@@ -41,4 +43,34 @@ func Example() {
 		fmt.Fprintf(os.Stderr, "run %s: %s\n", run.ID(), rec.Reason)
 	}
 	_ = code // exit with it, as ssh would
+}
+
+// The job's stdin: bytes the caller holds (an MCP server's `run` tool with
+// stdin, say) go in as a reader, read once as they are sent. The job reads
+// them, then end of file; a reattach after a lost connection resumes them
+// without a byte lost or given twice. Without Stdin the job's stdin is
+// /dev/null.
+func ExampleConfig_stdin() {
+	l, err := ledger.OpenForController(context.Background(), "/var/lib/my-runner/ledger")
+	if err != nil {
+		panic(err)
+	}
+	keep, err := controller.StdinKeepFromEnv(os.Getenv) // $AGENT_WRAP_STDIN_KEEP, 0: 64 MiB
+	if err != nil {
+		panic(err)
+	}
+	var out bytes.Buffer
+	run, err := controller.Start(controller.Config{
+		Dest:      "db-1",
+		Ledger:    l,
+		Stdin:     strings.NewReader("select 1;\n"),
+		StdinKeep: keep,
+		Stdout:    &out,
+		Stderr:    os.Stderr,
+	}, []string{"psql", "-X"})
+	if err != nil {
+		panic(err)
+	}
+	code := run.Follow(context.Background())
+	fmt.Println(code, out.String())
 }

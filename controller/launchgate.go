@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"io"
 	"os"
 	"sync"
 )
@@ -33,8 +34,11 @@ type launchGate struct {
 	// payload follows "go" (the gateways' secrets, http.go); then the
 	// pipe is closed: the remote command reads end of file after it.
 	payload []byte
-	mu      sync.Mutex
-	open    bool // "go" was written
+	// then, when set, takes the pipe after the payload (the job's stdin,
+	// stdin.go) and closes it; else the pipe is closed after the payload.
+	then func(w io.WriteCloser)
+	mu   sync.Mutex
+	open bool // "go" was written
 }
 
 func newLaunchGate(ctx context.Context) (*launchGate, error) {
@@ -68,9 +72,13 @@ func (g *launchGate) ready() {
 	g.open = true
 	w := g.w
 	g.w = nil
+	then := g.then
 	go func() {
-		w.Write(append([]byte("go\n"), g.payload...))
-		w.Close()
+		if _, err := w.Write(append([]byte("go\n"), g.payload...)); err != nil || then == nil {
+			w.Close()
+			return
+		}
+		then(w)
 	}()
 }
 

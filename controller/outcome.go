@@ -138,7 +138,13 @@ func judge(f facts) judgment {
 		if s := strings.TrimSpace(f.said); s != "" {
 			reason += ": " + lastLine(s)
 		}
-		return judgment{next: doSettle, outcome: ledger.NotStarted, code: -1, reason: reason, exit: f.code}
+		j := judgment{next: doSettle, outcome: ledger.NotStarted, code: -1, reason: reason, exit: f.code}
+		if strings.Contains(f.said, "unknown flag: --stdin") {
+			// A host older than the job's stdin (stdin.go).
+			j.notStarted = true
+			j.hint = fmt.Sprintf("the agent-wrap on %s is older than this controller and cannot feed the job's stdin: 'agent-wrap deploy %s' installs this version, or give -n (the job's stdin is then /dev/null)", f.dest, f.dest)
+		}
+		return j
 	case noSuchRun(v, res) && f.at == atSettle && f.state == ledger.Launching:
 		return judgment{next: doSettle, outcome: ledger.NotStarted, code: -1, reason: "the host has no run of this ID: it was never started"}
 	case noSuchRun(v, res) && f.at == atSettle:

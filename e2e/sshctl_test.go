@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,8 +94,16 @@ func startCtl(t *testing.T, args []string) *ctl {
 // startCtlEnv is startCtl with env added to the test's environment.
 func startCtlEnv(t *testing.T, env, args []string) *ctl {
 	t.Helper()
+	return startCtlIn(t, env, args, nil)
+}
+
+// startCtlIn is startCtlEnv with stdin as the controller's stdin (nil:
+// /dev/null).
+func startCtlIn(t *testing.T, env, args []string, stdin io.Reader) *ctl {
+	t.Helper()
 	k := &ctl{done: make(chan struct{})}
 	k.cmd = exec.Command(bin, args...)
+	k.cmd.Stdin = stdin
 	// The controller's ControlMasters (--mux auto) in a directory of this
 	// test's, not the user's machine-wide one.
 	k.cmd.Env = append(append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t)), env...)

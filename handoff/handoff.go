@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -89,6 +90,9 @@ type Request struct {
 	ExitCode *int   `json:"exit_code,omitempty"`
 	Cause    string `json:"cause,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	// From is the first byte of the stdin stream a feeder will send
+	// (stdin.go).
+	From int64 `json:"from,omitempty"`
 }
 
 // Reply is one message from the wrapper: an answer, or Op OpCancel.
@@ -100,6 +104,11 @@ type Reply struct {
 	Reason string `json:"reason,omitempty"`
 	// Deadline is the outer run's deadline in Unix seconds; 0: no lease.
 	Deadline int64 `json:"deadline_epoch,omitempty"`
+	// Written is how many bytes of the stdin stream the job was given, and
+	// Closed why the stream has ended ("" while it is open): the answer to
+	// OpStdin (stdin.go).
+	Written int64  `json:"written,omitempty"`
+	Closed  string `json:"closed,omitempty"`
 }
 
 // ErrClosed is returned by Ask once the connection to the wrapper is gone.
@@ -214,32 +223,44 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Conn is the wrapper's side of one connection.
 type Conn struct {
 	conn    net.Conn
-	sc      *bufio.Scanner
+	br      *bufio.Reader
 	writeMu sync.Mutex
 }
 
+// maxLine bounds one request line.
+const maxLine = 64 << 10
+
 // NewConn wraps an accepted connection.
 func NewConn(conn net.Conn) *Conn {
-	sc := bufio.NewScanner(conn)
-	sc.Buffer(make([]byte, 4096), 64<<10)
-	return &Conn{conn: conn, sc: sc}
+	return &Conn{conn: conn, br: bufio.NewReaderSize(conn, maxLine)}
 }
 
 // Read returns the next request; an error when the connection is gone or
 // sent something that is not a request.
 func (c *Conn) Read() (Request, error) {
 	var r Request
-	if !c.sc.Scan() {
-		if err := c.sc.Err(); err != nil {
-			return r, err
+	line, err := c.br.ReadSlice('\n')
+	if err != nil {
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return r, errors.New("handoff: a request longer than 64 KiB")
 		}
-		return r, ErrClosed
+		if errors.Is(err, io.EOF) {
+			return r, ErrClosed
+		}
+		return r, err
 	}
-	if err := json.Unmarshal(c.sc.Bytes(), &r); err != nil {
+	if err := json.Unmarshal(line, &r); err != nil {
 		return r, fmt.Errorf("handoff: a message that is not a request: %v", err)
 	}
 	return r, nil
 }
+
+// Stream is what the connection sends after its last request line: a
+// stdin feeder's frames (stdin.go).
+func (c *Conn) Stream() io.Reader { return c.br }
+
+// SetWriteDeadline bounds the wait for the connection's next write.
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.conn.SetWriteDeadline(t) }
 
 // Answer sends a reply to the last request.
 func (c *Conn) Answer(r Reply) error {

@@ -81,12 +81,17 @@ type Record struct {
 	// their secrets.
 	HTTP []HTTPGateway `json:"http,omitempty"`
 	// StdoutBytes and StderrBytes count what the controller delivered of
-	// each stream (the offsets a reattach starts from), as of the last update.
-	StdoutBytes int64     `json:"stdout_bytes,omitempty"`
-	StderrBytes int64     `json:"stderr_bytes,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	UpdatedAt   time.Time `json:"updated_at"`
-	SettledAt   time.Time `json:"settled_at,omitzero"`
+	// each stream (written to its own stdout and stderr), as of the last
+	// update. StdoutClosed and StderrClosed say that a write failed, the
+	// reader having gone away (as with '| head'): nothing more of that
+	// stream was delivered, and the run was cancelled.
+	StdoutBytes  int64     `json:"stdout_bytes,omitempty"`
+	StderrBytes  int64     `json:"stderr_bytes,omitempty"`
+	StdoutClosed bool      `json:"stdout_closed,omitempty"`
+	StderrClosed bool      `json:"stderr_closed,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
+	SettledAt    time.Time `json:"settled_at,omitzero"`
 	// ControllerPID is the process that drives the run, while it does.
 	ControllerPID   int    `json:"controller_pid,omitempty"`
 	ControllerStart uint64 `json:"controller_start,omitempty"` // its start time, clock ticks since boot

@@ -46,6 +46,9 @@ const (
 	CauseHUP    = "signal:HUP"
 	CauseCancel = "cancel"
 	CauseLease  = "lease"
+	// CauseStdinLost: the job's stdin stream could not be resumed after a
+	// lost connection without a hole in it (run --stdin pipe).
+	CauseStdinLost = "stdin_lost"
 )
 
 // Containment: what a run's final record can vouch for, written with it
@@ -75,7 +78,7 @@ const (
 // cause c: 143/130/129 for TERM/INT/HUP, 143 for cancel, 124 for lease.
 func CauseExitCode(c string) int {
 	switch c {
-	case CauseTERM, CauseCancel:
+	case CauseTERM, CauseCancel, CauseStdinLost:
 		return exitcode.TERM
 	case CauseINT:
 		return exitcode.INT

@@ -176,6 +176,10 @@ func (s *supervisor) serveHandoff(h *handoffConn) {
 	if err != nil {
 		return
 	}
+	if req.Op == handoff.OpStdin {
+		s.serveStdin(h, req) // stdin_linux.go
+		return
+	}
 	if req.Op != handoff.OpRegister || !s.register(h, req) {
 		return
 	}
@@ -450,6 +454,7 @@ func (s *supervisor) recordHandoffs() {
 // or were judged by endHandoffs), and any handoff still open is journaled
 // unknown. The record then holds every handoff's last word.
 func (s *supervisor) closeControl() {
+	s.closeStdin() // a feeder still writing returns
 	if s.ctl == nil {
 		return
 	}

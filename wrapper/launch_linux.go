@@ -46,7 +46,14 @@ func (s *supervisor) launch() (int, error) {
 		return exitNotExecutable, fmt.Errorf("cannot execute %s: %v", argv[0], err)
 	}
 	stdin := s.cfg.Stdin
-	if stdin == nil {
+	if s.cfg.StdinPipe {
+		r, err := s.newStdinPipe()
+		if err != nil {
+			return exitLaunchFailed, err
+		}
+		defer r.Close() // the job has it
+		stdin = r
+	} else if stdin == nil {
 		devnull, err := os.Open(os.DevNull)
 		if err != nil {
 			return exitLaunchFailed, err

@@ -53,6 +53,8 @@ func (s *supervisor) wait(deadline int64) string {
 			case unix.SIGINT:
 				return s.beginCancel(statusfile.CauseINT, "cancel_requested")
 			}
+		case n := <-s.stdinLost():
+			return s.loseStdin(n)
 		case <-s.controlChanged():
 			s.recordHandoffs()
 		case <-leaseC:

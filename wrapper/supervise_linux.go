@@ -58,6 +58,7 @@ type supervisor struct {
 
 	scope *scope     // the run's authority (authority_linux.go)
 	ctl   *control   // the run's control socket and handoffs (handoff_linux.go)
+	stdin *stdinFeed // the job's stdin, when the wrapper feeds it (stdin_linux.go)
 	http  *httpScope // the run's HTTP gateways (http_linux.go)
 }
 

@@ -81,6 +81,10 @@ type Config struct {
 
 	// Stdin becomes the job's fd 0; nil means /dev/null.
 	Stdin *os.File
+	// StdinPipe makes the job's fd 0 a pipe that the wrapper feeds with
+	// what feeders send over the control socket, counted byte for byte
+	// (stdin_linux.go); Stdin is then not used.
+	StdinPipe bool
 	// Stdout and Stderr receive the streamed logs.
 	Stdout, Stderr io.Writer
 	// Diag receives the wrapper's own diagnostics (what it could not write).
