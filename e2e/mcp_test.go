@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -280,6 +282,15 @@ func TestMCPGoClient(t *testing.T) {
 		t.Errorf("run: %+v; want settled completed 3 with stdin echoed", r)
 	}
 	c.wantSettled("done", "completed", "", 3)
+
+	// stdin larger than a command line can carry, with a NUL byte, reaches
+	// the job byte for byte through the controller's stdin pipe.
+	big := strings.Repeat("0123456789abcdef\x00\n", 40000) // 720,000 bytes
+	sum := sha256.Sum256([]byte(big))
+	k.callOK("run", map[string]any{"dest": dest, "run_id": "bigin", "command": `sha256sum | cut -d' ' -f1`, "stdin": big}, &r)
+	if want := hex.EncodeToString(sum[:]) + "\n"; r.Outcome != "completed" || r.code() != 0 || r.Stdout.Text != want {
+		t.Errorf("bigin run: %+v; want completed 0 printing %q", r, want)
+	}
 
 	// logs by offsets: 300 KB of bytes that are not UTF-8, then text; the
 	// pieces put together are the host's stdout.log byte for byte.

@@ -2,36 +2,9 @@ package mcpserver
 
 import (
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 )
-
-// withStdin's line, run by a real sh as the host runs it: the job reads
-// the text exactly, then end of file, and its argv arrives word for word.
-func TestWithStdinThroughShell(t *testing.T) {
-	for _, stdin := range []string{"one line\n", "no newline", "-n", "%s %d \\n", "two\nlines\n", strings.Repeat("x", maxStdin)} {
-		argv, err := withStdin([]string{"sh", "-c", `cat; printf '|%s' "$@"`, "sh", "a b", "-c"}, stdin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.Command(argv[0], argv[1:]...).Output()
-		if err != nil {
-			t.Fatalf("%q: %v", argv, err)
-		}
-		if want := stdin + "|a b|-c"; string(out) != want {
-			t.Errorf("stdin %.40q: the job read and was given %.80q, want %.80q", stdin, out, want)
-		}
-	}
-	if argv, _ := withStdin([]string{"true"}, ""); len(argv) != 1 {
-		t.Errorf("no stdin: argv %q, want the command alone", argv)
-	}
-	for _, bad := range []string{"nul\x00byte", strings.Repeat("x", maxStdin+1)} {
-		if _, err := withStdin([]string{"cat"}, bad); err == nil || !strings.Contains(err.Error(), "stdin") {
-			t.Errorf("stdin of %d bytes with NUL=%v: err %v, want a refusal naming stdin", len(bad), strings.Contains(bad, "\x00"), err)
-		}
-	}
-}
 
 func TestRunArguments(t *testing.T) {
 	for _, tc := range []struct {

@@ -30,6 +30,5 @@
 //     words go to stderr, prefixed "agent-wrap-mcp: ".
 //
 // Not guaranteed: the output of a run this server did not start (`logs` of
-// it is refused, naming the host's own `agent-wrap logs`), and a job's
-// stdin beyond what one argument can carry (see withStdin).
+// it is refused, naming the host's own `agent-wrap logs`).
 package mcpserver

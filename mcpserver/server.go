@@ -217,7 +217,7 @@ func (s *Server) checkAllowed(dest string) error {
 }
 
 // start writes the run's launching record and starts following it.
-func (s *Server) start(dest, id string, argv []string, lease, grace time.Duration) (*liveRun, error) {
+func (s *Server) start(dest, id string, argv []string, stdin string, lease, grace time.Duration) (*liveRun, error) {
 	store, err := s.ledgerOrErr()
 	if err != nil {
 		return nil, err
@@ -243,6 +243,11 @@ func (s *Server) start(dest, id string, argv []string, lease, grace time.Duratio
 		Events: &eventHook{lr: lr, out: s.events},
 		Stdout: out, Stderr: errs, Notice: s.notice,
 		Control: s.getenv(handoff.EnvControl), OuterRunID: s.getenv(handoff.EnvRunID),
+	}
+	if stdin != "" {
+		// The job's stdin, as `agent-wrap ssh` gives it: byte for byte,
+		// then end of file, resumed across reattaches (nil: /dev/null).
+		cfg.Stdin = strings.NewReader(stdin)
 	}
 	run, err := controller.Start(cfg, argv)
 	if err != nil {

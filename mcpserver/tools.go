@@ -38,7 +38,7 @@ type RunIn struct {
 	Dest        string   `json:"dest" jsonschema:"the ssh destination, [user@]host as for ssh; it must match one of the server's --allow patterns"`
 	Argv        []string `json:"argv,omitempty" jsonschema:"the command and its arguments, arriving on the host word for word (give argv or command)"`
 	Command     string   `json:"command,omitempty" jsonschema:"a shell command line, run on the host as sh -c COMMAND (give argv or command)"`
-	Stdin       string   `json:"stdin,omitempty" jsonschema:"text to give the job on its standard input, then end of file (up to 128 KiB, no NUL byte); without it the job's stdin is empty"`
+	Stdin       string   `json:"stdin,omitempty" jsonschema:"text given to the job on its standard input, byte for byte, then end of file; without it the job's stdin is empty (/dev/null)"`
 	WaitSeconds *float64 `json:"wait_seconds,omitempty" jsonschema:"how long to wait for the run's end before returning it as running (default 60; 0 returns at once)"`
 	Lease       string   `json:"lease,omitempty" jsonschema:"the run's lease, renewed while this server follows it: a duration such as 10m, or seconds; 0 for none (default the server's --lease, else 5m)"`
 	Grace       string   `json:"grace,omitempty" jsonschema:"time between TERM and KILL when the run is stopped (default the server's --grace, else 5s)"`
@@ -184,7 +184,7 @@ func (s *Server) toolRun(ctx context.Context, req *mcp.CallToolRequest, in RunIn
 			return nil, RunOut{}, fmt.Errorf("run_id: %v; nothing was started", err)
 		}
 	}
-	lr, err := s.start(in.Dest, in.RunID, argv, lease, grace)
+	lr, err := s.start(in.Dest, in.RunID, argv, in.Stdin, lease, grace)
 	if err != nil {
 		return nil, RunOut{}, err
 	}
@@ -498,7 +498,7 @@ func checkDest(dest string) error {
 	return nil
 }
 
-// commandOf is the argv to run: argv, or sh -c COMMAND, with stdin.
+// commandOf is the argv to run: argv, or sh -c COMMAND.
 func commandOf(in RunIn) ([]string, error) {
 	var argv []string
 	switch {
@@ -514,30 +514,7 @@ func commandOf(in RunIn) ([]string, error) {
 	default:
 		return nil, errors.New("no command: give argv (the command and its arguments) or command (a shell line)")
 	}
-	return withStdin(argv, in.Stdin)
-}
-
-// maxStdin is what one argument of a command line can carry on Linux
-// (MAX_ARG_STRLEN, 32 pages), less its terminating NUL.
-const maxStdin = 128<<10 - 1
-
-// withStdin gives the job stdin as its standard input, then end of file.
-// The controller launches a job with an empty stdin, so the text travels
-// as an argument of a shell on the host that pipes it to the job:
-// `sh -c 'printf %s "$1" | { shift; exec "$@"; }' sh STDIN ARGV...`. The
-// ledger's command is that line. An argument cannot hold a NUL byte nor
-// more than maxStdin bytes: such stdin is refused, naming the bound.
-func withStdin(argv []string, stdin string) ([]string, error) {
-	if stdin == "" {
-		return argv, nil
-	}
-	if strings.IndexByte(stdin, 0) >= 0 {
-		return nil, errors.New("stdin holds a NUL byte, which this server cannot pass to the job; give text without NUL, or put the data in a file on the host")
-	}
-	if len(stdin) > maxStdin {
-		return nil, fmt.Errorf("stdin is %d bytes, more than the %d this server can pass to the job; put larger input in a file on the host", len(stdin), maxStdin)
-	}
-	return append([]string{"sh", "-c", `printf %s "$1" | { shift; exec "$@"; }`, "sh", stdin}, argv...), nil
+	return argv, nil
 }
 
 // waitFor reads a wait in seconds: default 60, at most a day.
