@@ -178,6 +178,9 @@ func runRenew(e *Env, args []string) int {
 	defer root.Close()
 	defer dir.Close()
 	next, err := lease.Renew(dir, time.Duration(d))
+	if cerr := completeJournal(dir); cerr != nil {
+		e.errorf("%v (the next watchdog pass tries again)", cerr)
+	}
 	if err != nil {
 		e.errorf("%v", err)
 		if errors.Is(err, lease.ErrRefused) {
@@ -188,6 +191,14 @@ func runRenew(e *Env, args []string) int {
 	}
 	fmt.Fprintf(e.Stdout, "%s: deadline %d (%s)\n", dir.ID, next, time.Unix(next, 0).UTC().Format(time.RFC3339))
 	return ExitOK
+}
+
+// completeJournal appends the final line that a stop could not journal
+// while this renew, stuck, held the run's journal (stop.CompleteJournal),
+// when the run turns out to be over.
+func completeJournal(dir *rundir.Dir) error {
+	_, err := stop.CompleteJournal(dir, "renew", stop.CompleteWait)
+	return err
 }
 
 // hintHeld says what to do about a run's lock that was still held at the

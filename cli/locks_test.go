@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,10 +129,25 @@ func lockHolders(path string) []int {
 	return pids
 }
 
-// resume lets the stopped process go on and returns its exit code.
+// resume lets the stopped process go on, through any later stop strace
+// injects (a late final line's fsync, or a call that strace counts as the
+// first of another thread), and returns its exit code.
 func (s *stuck) resume(t *testing.T) int {
 	t.Helper()
 	s.cont(t)
+	id := proc.Identity{PID: s.proc.PID, Start: s.proc.Start}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for until := time.Now().Add(runtest.Patience); time.Now().Before(until); {
+		select {
+		case <-s.done:
+			return s.cmd.ProcessState.ExitCode()
+		case <-tick.C:
+		}
+		if st, err := proc.ReadStat(s.proc.PID); err == nil && st.Start == s.proc.Start && (st.State == 't' || st.State == 'T') {
+			_ = stop.Signal(id, unix.SIGCONT)
+		}
+	}
 	return s.wait(t)
 }
 
@@ -188,13 +204,16 @@ func actions(t *testing.T, out string) map[string]watchdog.Action {
 }
 
 // One stopped holder of a run's lock freezes nothing else. A renew of
-// a-held that ends its lease is stopped by strace at its first read of
-// the journal (after deadline_epoch is replaced, under the journal's lock
-// too); b-orphan's wrapper is dead and its lease ended. The watchdog
-// service stops both within deadline + grace + its interval + ActAfter:
-// a-held without the lock (it says so, naming the renew's PID), b-orphan
-// as if nothing were stuck. Resumed, the renew finishes and the final
-// record stays as the watchdog wrote it.
+// a-held that ends its lease is stopped by strace in its write of the
+// journal's lease_renewed line (the line is written: the lease is now
+// over a second later; the renew holds the run's lock and the journal's,
+// and has not replaced deadline_epoch yet); b-orphan's wrapper is dead and
+// its lease ended. The watchdog service stops both within deadline +
+// grace + its interval + ActAfter: a-held without the lock (it says so,
+// naming the renew's PID), b-orphan as if nothing were stuck. Resumed,
+// the renew finishes, the final record stays as the watchdog wrote it,
+// and the renew, finding the run over, appends the final line the
+// watchdog could not journal: verify passes.
 func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
 	root := runtest.NewRoot(t)
 	const grace, interval = time.Second, time.Second
@@ -208,10 +227,10 @@ func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
 	wd := runtest.Start(t, root, "watchdog", "--interval", interval.String())
 
 	dlB := endLease(t, root, b)
-	s := stoppedHolding(t, root, a, stopAt("pread64", true, a.Dir()+"/events.jsonl"), "renew", "--lease", "1s", "a-held")
-	dlA := time.Unix(deadlineOf(t, a), 0)
+	s := stoppedHolding(t, root, a, stopAt("write", true, a.Dir()+"/events.jsonl"), "renew", "--lease", "1s", "a-held")
+	dlA := time.Unix(journaledDeadline(t, a), 0)
 	if time.Until(dlA) > 3*time.Second {
-		t.Fatalf("a-held's deadline is %v away: the stopped renew had not replaced it", time.Until(dlA))
+		t.Fatalf("a-held's deadline is %v away: the stopped renew had not journaled its renewal", time.Until(dlA))
 	}
 
 	for _, x := range []struct {
@@ -245,6 +264,59 @@ func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
 	if code, out, errOut := aw(t, root, "verify", "a-held"); code != 0 {
 		t.Errorf("verify a-held: exit %d\n%s%s", code, out, errOut)
 	}
+	// The renew appends them as it finds the run over, unless the
+	// watchdog service's pass got the journal's lock first.
+	assertLateFinal(t, a, "renew", "watchdog")
+}
+
+// journaledDeadline is the deadline of run r's last lease_renewed line,
+// the lease as the journal has it (the journal is the lease's record).
+func journaledDeadline(t *testing.T, r runtest.Run) int64 {
+	t.Helper()
+	es := r.Journal(t)
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i].Event == "lease_renewed" {
+			if v, ok := es[i].Fields["deadline_epoch"].(float64); ok {
+				return int64(v)
+			}
+		}
+	}
+	t.Fatalf("run %s: no lease_renewed line with a deadline: %v", r.ID, r.Events(t))
+	return 0
+}
+
+// assertLateFinal checks that run r's journal ends with the lines a stop
+// that bypassed a stuck holder of the journal's lock could not write,
+// appended late by one of bys: intent_unrecorded, then the final line,
+// both saying late, the final one with the record's state, cause and exit
+// code.
+func assertLateFinal(t *testing.T, r runtest.Run, bys ...string) {
+	t.Helper()
+	rec := r.MustStatus(t)
+	es := r.Journal(t)
+	n := len(es)
+	if n < 2 || es[n-2].Event != "intent_unrecorded" || es[n-1].Event != "final" {
+		t.Fatalf("run %s: journal ends %v; want intent_unrecorded, final (appended late)", r.ID, r.Events(t))
+	}
+	for _, e := range es[n-2:] {
+		by, _ := e.Fields["by"].(string)
+		if e.Fields["late"] != true || !slices.Contains(bys, by) || by != es[n-1].Fields["by"] {
+			t.Errorf("run %s: %s line %v; want late, by one of %v (both lines by the same)", r.ID, e.Event, e.Fields, bys)
+		}
+	}
+	f := es[n-1].Fields
+	if f["state"] != rec.State || f["cause"] != rec.Cause || f["exit_code"] != float64(rec.Code()) {
+		t.Errorf("run %s: late final line %v; the record says %s, cause %s, exit %d", r.ID, f, rec.State, rec.Cause, rec.Code())
+	}
+	finals := 0
+	for _, e := range es {
+		if e.Event == "final" {
+			finals++
+		}
+	}
+	if finals != 1 {
+		t.Errorf("run %s: %d final lines, want 1: %v", r.ID, finals, r.Events(t))
+	}
 }
 
 // lines keeps the whole lines of s (a process may be writing its last).
@@ -255,15 +327,15 @@ func lines(s string) string {
 	return ""
 }
 
-// While a stopped renew (at its first read of the journal) holds a run's
-// lock, `cancel --wait 2s` and another
+// While a stopped renew (in its write of the journal's lease_renewed line,
+// its only write there) holds a run's lock, `cancel --wait 2s` and another
 // renew give up (exit 1) instead of waiting for ever, naming the holder's
 // PID and saying how to resume it; once it is resumed, cancel works.
 func TestCancelNamesAStoppedLockHolder(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "held", "--lease", "5m", "--grace", "1s", "held", "--", "sleep", "300")
 	r.WaitState(t, statusfile.Running)
-	s := stoppedHolding(t, root, r, stopAt("pread64", true, r.Dir()+"/events.jsonl"), "renew", "held")
+	s := stoppedHolding(t, root, r, stopAt("write", true, r.Dir()+"/events.jsonl"), "renew", "held")
 	pid := strconv.Itoa(s.proc.PID)
 
 	code, out, errOut := aw(t, root, "cancel", "--wait", "2s", "held")
@@ -298,7 +370,10 @@ func TestCancelNamesAStoppedLockHolder(t *testing.T) {
 // the run over and changes nothing (exit 0, already): the record stays the
 // watchdog's, though the cancel's rename was due. Where the journal was
 // free, it says lock_bypassed, naming the cancel, and the final line says
-// without_lock.
+// without_lock. Where the cancel held the journal's lock too, the watchdog
+// could journal neither its intent nor its final line (verify says the
+// final line is missing); the woken cancel, finding the run over, appends
+// them, late, and verify passes.
 func TestWokenCancelChangesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -351,6 +426,11 @@ func TestWokenCancelChangesNothing(t *testing.T) {
 					t.Errorf("journal: lock_bypassed naming %s %v, final without_lock %v: %v", pid, bypassed, final, r.Events(t))
 				}
 			}
+			if !tc.record {
+				if code, out, errOut := aw(t, root, "verify", "woken"); code != 1 || !strings.Contains(errOut, "no final line") {
+					t.Errorf("verify while the cancel holds the journal: exit %d\n%s%s\nwant 1, no final line", code, out, errOut)
+				}
+			}
 			wrote := r.File("status.json")
 			if code := s.resume(t); code != 0 || !strings.Contains(s.out.String(), "already cancelled") {
 				t.Errorf("the resumed cancel: exit %d\n%s\nwant 0, already cancelled", code, s.out.String())
@@ -360,6 +440,9 @@ func TestWokenCancelChangesNothing(t *testing.T) {
 			}
 			if code, out, errOut := aw(t, root, "verify", "woken"); code != 0 {
 				t.Errorf("verify: exit %d\n%s%s", code, out, errOut)
+			}
+			if !tc.record {
+				assertLateFinal(t, r, "cancel")
 			}
 		})
 	}

@@ -68,6 +68,7 @@ func renewOne(root *rundir.Root, id string, d time.Duration) renewAnswer {
 	}
 	defer dir.Close()
 	next, err := lease.Renew(dir, d)
+	_ = completeJournal(dir) // the answer is the renewal's; the watchdog's next pass retries a failure
 	if rec, rerr := statusfile.Read(dir); rerr == nil {
 		a.State = rec.State
 	}

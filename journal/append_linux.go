@@ -119,17 +119,47 @@ func fallocate(fd int, off, n int64) error {
 func (w *Writer) Append(event string, f Fields, sync bool) (int64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	file := w.file
-	fd := int(file.Fd())
+	unlock, err := w.flock()
+	if err != nil {
+		return 0, fmt.Errorf("journal %s: %w", event, err)
+	}
+	defer unlock()
+	return w.appendLocked(event, f, sync)
+}
+
+// Locked runs fn holding the journal's lock (waited for at most LockWait,
+// as Append waits), so that fn can read the journal and append to it (add,
+// Append's work without its lock) with no other writer in between: a line
+// appended only if the journal lacks it is appended once.
+func (w *Writer) Locked(fn func(add func(event string, f Fields, sync bool) (int64, error)) error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	unlock, err := w.flock()
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	defer unlock()
+	return fn(w.appendLocked)
+}
+
+// flock takes the journal's lock, waiting at most LockWait.
+func (w *Writer) flock() (unlock func(), err error) {
+	fd := int(w.file.Fd())
 	wait := w.LockWait
 	if wait <= 0 {
 		wait = rundir.LockWait
 	}
-	err := rundir.FlockWithin(fd, file.Name(), wait)
-	if err != nil {
-		return 0, fmt.Errorf("journal %s: %w", event, err)
+	if err := rundir.FlockWithin(fd, w.file.Name(), wait); err != nil {
+		return nil, err
 	}
-	defer unix.Flock(fd, unix.LOCK_UN)
+	return func() { unix.Flock(fd, unix.LOCK_UN) }, nil
+}
+
+// appendLocked is Append under the journal's lock, w.mu held.
+func (w *Writer) appendLocked(event string, f Fields, sync bool) (int64, error) {
+	file := w.file
+	fd := int(file.Fd())
+	var err error
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return 0, fmt.Errorf("journal %s: %w", event, &os.PathError{Op: "fstat", Path: file.Name(), Err: err})

@@ -54,6 +54,7 @@ func Cancel(d *rundir.Dir, o CancelOptions) (*Report, error) {
 		return nil, fmt.Errorf("%w: %v", ErrNoRecord, err)
 	}
 	if statusfile.Terminal(rec.State) {
+		Options{By: "cancel", Diag: o.Diag}.complete(d)
 		return &Report{Record: rec, Already: true}, nil
 	}
 	if membership.WrapperAlive(rec) {

@@ -87,6 +87,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if statusfile.Terminal(rec.State) {
 		unlock()
 		rep.Record, rep.Already = rec, true
+		o.complete(d)
 		return rep, nil
 	}
 	err = membership.Check(rec)
@@ -305,7 +306,18 @@ func (o Options) takenOver(d *rundir.Dir, rep *Report) (*Report, error) {
 		return nil, err
 	}
 	rep.Record, rep.Already = rec, true
+	o.complete(d)
 	return rep, nil
+}
+
+// complete appends the final line that a stop which bypassed a stuck holder
+// could not journal (CompleteJournal), now that this process, the holder
+// perhaps, finds the run over; a failure is reported on Diag, and left to
+// the next watchdog pass.
+func (o Options) complete(d *rundir.Dir) {
+	if _, err := CompleteJournal(d, o.By, CompleteWait); err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: %v (the next watchdog pass tries again)\n", err)
+	}
 }
 
 // finalize writes the final `cancelled` record with what the stop could

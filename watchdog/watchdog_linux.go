@@ -222,6 +222,10 @@ type job struct {
 	rebuilt bool
 }
 
+// completeWait is a pass's wait for a journal's lock to complete a run's
+// journal: short, as the holder may still be stuck.
+const completeWait = 100 * time.Millisecond
+
 // look decides what to do with run id: nothing (nil, nil), an Action to
 // print now (skipped), or a stop.
 func look(root *rundir.Root, id string, o Options) (*Action, *job) {
@@ -241,6 +245,14 @@ func look(root *rundir.Root, id string, o Options) (*Action, *job) {
 		return &Action{RunID: id, Action: "skipped", Reason: err.Error()}, nil
 	}
 	if statusfile.Terminal(rec.State) {
+		// A stop that bypassed a stuck holder of the journal's lock could
+		// not journal its intent (the record says so) nor its final line:
+		// appended here, late, once the lock is free.
+		if rec.IntentUnrecorded {
+			if _, err := stop.CompleteJournal(d, "watchdog", completeWait); err != nil && o.Diag != nil {
+				fmt.Fprintf(o.Diag, "agent-wrap: %v (the next pass tries again)\n", err)
+			}
+		}
 		return nil, nil
 	}
 	grace := o.Grace
