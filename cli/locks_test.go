@@ -448,6 +448,49 @@ func TestWokenCancelChangesNothing(t *testing.T) {
 	}
 }
 
+// A cancel stopped in its intent's fsync, holding the run's lock and the
+// journal's, is killed instead of resumed once `watchdog --once` stopped
+// the run without either: its death frees the journal's lock, and the
+// next `watchdog --once` appends the intent_unrecorded and final lines the
+// stop could not, late, leaving the record as the stop wrote it; verify,
+// which failed until then, passes.
+func TestWatchdogCompletesAJournalAKilledHolderKept(t *testing.T) {
+	root := runtest.NewRoot(t)
+	c, r := startRun(t, root, "kept", "--lease", "5m", "--grace", "1s", "kept", "--", "sh", "-c", "sleep 300 & wait")
+	rec := r.WaitState(t, statusfile.Running)
+	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
+	unix.Kill(rec.WrapperPID, unix.SIGKILL)
+	c.Wait(t)
+	dl := endLease(t, root, r)
+	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
+	s := stoppedHolding(t, root, r, stopAt("fsync", false, ""), "cancel", "kept")
+
+	code, out, errOut := aw(t, root, "watchdog", "--once")
+	if act := actions(t, out)["kept"]; code != 0 || act.Action != "stopped" || len(act.WithoutLock) != 1 {
+		t.Fatalf("watchdog --once: exit %d, %+v\n%s; want kept stopped without the lock", code, act, errOut)
+	}
+	r.AssertGroupEmpty(t)
+	if code, out, errOut := aw(t, root, "verify", "kept"); code != 1 || !strings.Contains(errOut, "no final line") {
+		t.Errorf("verify while the cancel holds the journal: exit %d\n%s%s\nwant 1, no final line", code, out, errOut)
+	}
+	wrote := r.File("status.json")
+
+	if err := stop.Signal(proc.Identity{PID: s.proc.PID, Start: s.proc.Start}, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s.wait(t)
+	if code, out, errOut := aw(t, root, "watchdog", "--once"); code != 0 || actions(t, out)["kept"].Action != "" {
+		t.Errorf("the next watchdog --once: exit %d\n%s%s; want 0, no action on kept", code, out, errOut)
+	}
+	if got := r.File("status.json"); got != wrote {
+		t.Errorf("the record changed:\n%s\nnow:\n%s", wrote, got)
+	}
+	if code, out, errOut := aw(t, root, "verify", "kept"); code != 0 {
+		t.Errorf("verify: exit %d\n%s%s", code, out, errOut)
+	}
+	assertLateFinal(t, r, "watchdog")
+}
+
 // Two orphaned runs past their lease, one with a 15 s grace, the other
 // with 1 s, both ignoring TERM: one `watchdog --once` stops them side by
 // side, so the short one ends within its own grace, not after the long
