@@ -130,8 +130,10 @@ func TestCompleteJournalAppendsOnceUnderTheLock(t *testing.T) {
 	}
 }
 
-// A run that is not over, or whose journal has its final line, is left
-// as it is.
+// A run that is not over, whose record does not say its intent went
+// unrecorded, or whose journal has its final line, is left as it is; so is
+// one whose run's lock is held (a writer between its final record and its
+// final line holds it).
 func TestCompleteJournalLeavesACompleteOrLiveRun(t *testing.T) {
 	d := stoppedRun(t)
 	if _, err := journal.Append(d, "final", journal.Fields{"state": statusfile.Cancelled}, true); err != nil {
@@ -155,6 +157,36 @@ func TestCompleteJournalLeavesACompleteOrLiveRun(t *testing.T) {
 	}
 	if done, err := stop.CompleteJournal(d, "test", time.Second); done || err != nil {
 		t.Errorf("a cancelling run: %v, %v; want false, nil", done, err)
+	}
+	if n := len(events(t, d)); n != 2 {
+		t.Errorf("%d lines, want 2", n)
+	}
+
+	d = stoppedRun(t)
+	if rec, err = statusfile.Read(d); err != nil {
+		t.Fatal(err)
+	}
+	rec.IntentUnrecorded = false
+	if err := statusfile.Write(d, rec, true); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := stop.CompleteJournal(d, "test", time.Second); done || err != nil {
+		t.Errorf("a record whose intent is on record: %v, %v; want false, nil", done, err)
+	}
+	if n := len(events(t, d)); n != 2 {
+		t.Errorf("%d lines, want 2", n)
+	}
+
+	d = stoppedRun(t)
+	unlock, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := stop.CompleteJournal(d, "test", 100*time.Millisecond)
+	unlock()
+	var he *rundir.HeldError
+	if done || !errors.As(err, &he) {
+		t.Errorf("under a held run's lock: %v, %v; want false and a HeldError", done, err)
 	}
 	if n := len(events(t, d)); n != 2 {
 		t.Errorf("%d lines, want 2", n)

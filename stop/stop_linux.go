@@ -364,7 +364,9 @@ func finalize(d *rundir.Dir, rep *Report, cause, containment string, survivors [
 	if rep.WithoutLock != nil {
 		f["without_lock"] = true
 	}
-	o.journal(d, "final", f, true)
+	if err := o.appendFinal(d, f); err != nil {
+		fmt.Fprintf(o.Diag, "agent-wrap: run %s: cannot journal final: %v\n", d.ID, err)
+	}
 	rep.Record = rec
 	return rep, nil
 }
