@@ -290,7 +290,7 @@ func journaledDeadline(t *testing.T, r runtest.Run) int64 {
 // bypassed a stuck holder of the journal's lock could not write, appended
 // late by one of bys: intent_unrecorded, then the one final line, both
 // saying late and by the same, the final one with the record's state,
-// cause and exit code. (A wrapper still alive may journal after them.)
+// cause, exit code and ended_at. (A wrapper still alive may journal after them.)
 func assertLateFinal(t *testing.T, r runtest.Run, bys ...string) {
 	t.Helper()
 	rec := r.MustStatus(t)
@@ -314,7 +314,7 @@ func assertLateFinal(t *testing.T, r runtest.Run, bys ...string) {
 		}
 	}
 	f := final[0].Fields
-	if f["state"] != rec.State || f["cause"] != rec.Cause || f["exit_code"] != float64(rec.Code()) {
+	if f["state"] != rec.State || f["cause"] != rec.Cause || f["exit_code"] != float64(rec.Code()) || f["ended_at"] != rec.EndedAt {
 		t.Errorf("run %s: late final line %v; the record says %s, cause %s, exit %d", r.ID, f, rec.State, rec.Cause, rec.Code())
 	}
 }

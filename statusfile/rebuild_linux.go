@@ -111,6 +111,9 @@ func rebuild(d *rundir.Dir) (*Record, error) {
 			r.Signal = strField(e, "signal")
 			r.SetExit(intField(e, "exit_code"))
 			r.EndedAt = Timestamp(e.At)
+			if at := strField(e, "ended_at"); at != "" {
+				r.EndedAt = at // a final line appended late carries the record's time
+			}
 			r.Survivors = []int{}
 			if l, ok := e.Fields["survivors"].([]any); ok {
 				for _, v := range l {

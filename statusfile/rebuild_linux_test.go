@@ -84,3 +84,26 @@ func TestReadOrRebuild(t *testing.T) {
 		t.Fatalf("pid file disagreeing with the journal: %v, want ErrUnreadable", err)
 	}
 }
+
+// A record rebuilt from a final line appended late (by the first process
+// that found the run over, after a stuck holder let go of the journal)
+// ends when the final record said, its ended_at, not when the line was
+// written.
+func TestRebuildFromALateFinal(t *testing.T) {
+	boot, err := proc.BootID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newRun(t, "late")
+	appendLine(t, d, "created", journal.Fields{"wrapper_pid": 4321, "wrapper_start": 77, "boot_id": boot, "lease_seconds": 60.0, "grace_seconds": 2.0, "boundary": "subreaper"})
+	appendLine(t, d, "started", journal.Fields{"pid": 5000, "pgid": 5000, "sid": 5000, "leader_start": 99})
+	const ended = "2026-01-02T03:04:05.678Z"
+	appendLine(t, d, "final", journal.Fields{"state": "cancelled", "cause": "lease", "exit_code": 124, "survivors": []int{}, "late": true, "by": "renew", "ended_at": ended})
+	os.WriteFile(filepath.Join(d.Path, "pid"), []byte("5000\n"), 0o600)
+	os.WriteFile(filepath.Join(d.Path, "pgid"), []byte("5000\n"), 0o600)
+	os.WriteFile(filepath.Join(d.Path, "status.json"), []byte("x"), 0o600)
+	r, err := statusfile.ReadOrRebuild(d)
+	if err != nil || r.State != statusfile.Cancelled || r.Code() != 124 || r.EndedAt != ended {
+		t.Fatalf("rebuilt: %+v, %v; want cancelled, exit 124, ended_at %s", r, err, ended)
+	}
+}

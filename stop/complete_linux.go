@@ -24,7 +24,8 @@ const CompleteWait = time.Second
 // a final record is between its record and its final line, and only if the
 // journal still has no final line, it appends intent_unrecorded when the
 // journal does not say so yet, then the final line, both from the record
-// and marked late, by naming who appended them. The record is not touched:
+// (the final line with its ended_at) and marked late, by naming who
+// appended them. The record is not touched:
 // it stays the stop's. It returns whether it appended; any other run is
 // left as it is.
 func CompleteJournal(d *rundir.Dir, by string, wait time.Duration) (bool, error) {
@@ -63,7 +64,7 @@ func CompleteJournal(d *rundir.Dir, by string, wait time.Duration) (bool, error)
 		if survivors == nil {
 			survivors = []int{}
 		}
-		f := journal.Fields{"state": rec.State, "cause": rec.Cause, "exit_code": rec.Code(), "survivors": survivors, "by": by, "late": true}
+		f := journal.Fields{"state": rec.State, "cause": rec.Cause, "exit_code": rec.Code(), "survivors": survivors, "by": by, "late": true, "ended_at": rec.EndedAt}
 		if rec.SurvivorsUnknown() {
 			f["survivors"] = nil
 		}

@@ -122,6 +122,9 @@ func TestCompleteJournalAppendsOnceUnderTheLock(t *testing.T) {
 		f["exit_code"] != float64(statusfile.CauseExitCode(statusfile.CauseLease)) || f["containment"] != statusfile.ContainmentCgroup {
 		t.Errorf("final line %v", f)
 	}
+	if rec, err := statusfile.Read(d); err != nil || f["ended_at"] != rec.EndedAt {
+		t.Errorf("final line's ended_at %v, want the record's (%v)", f["ended_at"], err)
+	}
 	if s, ok := f["survivors"].([]any); !ok || len(s) != 0 {
 		t.Errorf("final line's survivors %v, want []", f["survivors"])
 	}

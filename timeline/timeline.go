@@ -335,6 +335,11 @@ func describe(e journal.Entry) (string, string) {
 		return KindProblem, "launch failed: " + rest(f)
 	case "final":
 		t := fmt.Sprintf("final: %s%s, exit %s%s", str(f, "state"), opt(" (", str(f, "cause"), ")"), compact(f["exit_code"]), opt(", signal ", str(f, "signal")))
+		if f["late"] == true {
+			// Appended after the final record by the first process that
+			// found the run over, once a stuck holder let go of the journal.
+			t += opt(", journaled late by ", str(f, "by"))
+		}
 		if s := list(f["survivors"]); s != "-" {
 			return KindProblem, t + ", SURVIVORS " + s
 		}

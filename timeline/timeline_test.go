@@ -167,3 +167,19 @@ func TestFinalSurvivorsUnknown(t *testing.T) {
 		t.Fatalf("final drawn as %q %q", last.Kind, last.Text)
 	}
 }
+
+// A final line appended late (a stop that could not journal while a stuck
+// process held the journal's lock) says so, and who appended it.
+func TestFinalJournaledLate(t *testing.T) {
+	raw := chain(t,
+		"created", nil,
+		"started", F{"pid": 10, "pgid": 10, "sid": 10},
+		"intent_unrecorded", F{"by": "renew", "cause": "lease", "late": true},
+		"final", F{"state": "cancelled", "cause": "lease", "exit_code": 124, "survivors": []any{}, "containment": "cgroup", "by": "renew", "late": true},
+	)
+	items, _ := Build(raw)
+	last := items[len(items)-1]
+	if last.Kind != KindFinal || last.Text != "final: cancelled (lease), exit 124, journaled late by renew, nothing survived" {
+		t.Fatalf("final drawn as %q %q", last.Kind, last.Text)
+	}
+}
