@@ -59,7 +59,7 @@ type runFlags struct {
 	cgroup       string
 	agent        string
 	stdin        string // --stdin: inherit, null or pipe
-	detachFD     int // set only in the supervisor that --detach starts (detach.go)
+	detachFD     int    // set only in the supervisor that --detach starts (detach.go)
 	// handoffGrace is --handoff-grace; -1: not given (the grace).
 	handoffGrace durationValue
 	http         httpgw.Flags // --http* (http_flags.go)
