@@ -216,6 +216,7 @@ func actions(t *testing.T, out string) map[string]watchdog.Action {
 // and the renew, finding the run over, appends the final line the
 // watchdog could not journal: verify passes.
 func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	const grace, interval = time.Second, time.Second
 	ca, a := startRun(t, root, "a-held", "--lease", "5m", "--grace", "1s", "a-held", "--", "sh", "-c", "sleep 300 & wait")
@@ -332,6 +333,7 @@ func lines(s string) string {
 // renew give up (exit 1) instead of waiting for ever, naming the holder's
 // PID and saying how to resume it; once it is resumed, cancel works.
 func TestCancelNamesAStoppedLockHolder(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "held", "--lease", "5m", "--grace", "1s", "held", "--", "sleep", "300")
 	r.WaitState(t, statusfile.Running)
@@ -375,6 +377,7 @@ func TestCancelNamesAStoppedLockHolder(t *testing.T) {
 // final line is missing); the woken cancel, finding the run over, appends
 // them, late, and verify passes.
 func TestWokenCancelChangesNothing(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	for _, tc := range []struct {
 		name   string
 		record bool // stopped in the record's fsync; the journal's lock is free
@@ -455,6 +458,7 @@ func TestWokenCancelChangesNothing(t *testing.T) {
 // stop could not, late, leaving the record as the stop wrote it; verify,
 // which failed until then, passes.
 func TestWatchdogCompletesAJournalAKilledHolderKept(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "kept", "--lease", "5m", "--grace", "1s", "kept", "--", "sh", "-c", "sleep 300 & wait")
 	rec := r.WaitState(t, statusfile.Running)
@@ -496,6 +500,7 @@ func TestWatchdogCompletesAJournalAKilledHolderKept(t *testing.T) {
 // side, so the short one ends within its own grace, not after the long
 // one's.
 func TestWatchdogStopsRunsSideBySide(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	const long, short = 15 * time.Second, time.Second
 	job := []string{"--", "sh", "-c", "trap '' TERM; sleep 300 & wait"}
@@ -545,6 +550,7 @@ func TestWatchdogStopsRunsSideBySide(t *testing.T) {
 // wrapper's state; resumed, the wrapper finds the run over and exits
 // with the record's code, the record unchanged.
 func TestWatchdogTakesOverAStoppedWrapper(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	const interval = time.Second
 	check := func(t *testing.T, root string, c *runtest.Cmd, r runtest.Run, rec *statusfile.Record, intent string, grace time.Duration, code int) {
 		t.Helper()
@@ -605,6 +611,7 @@ func TestWatchdogTakesOverAStoppedWrapper(t *testing.T) {
 // watchdog finishes the stop within the intent + grace + interval +
 // ActAfter, and the wrapper exits with the record's code.
 func TestWatchdogFinishesAKilledCancel(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	const grace, interval = time.Second, time.Second
 	c, r := startRun(t, root, "nolease", "--lease", "0", "--grace", grace.String(), "nolease", "--", "sh", "-c", "sleep 300 & wait")
@@ -676,6 +683,7 @@ func TestStoppedWatchdogIsPassedOver(t *testing.T) {
 // (a 15 s grace, TERM ignored), b-short's lease ends and b-short is
 // stopped within its deadline + grace + interval + ActAfter.
 func TestWatchdogServiceLooksOnDuringALongStop(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	const long, short, interval = 15 * time.Second, time.Second, time.Second
 	job := []string{"--", "sh", "-c", "trap '' TERM; sleep 300 & wait"}

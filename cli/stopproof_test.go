@@ -107,6 +107,7 @@ func diag(r runtest.Run) string {
 // final record is written, and the record names the proof. Before, one
 // empty look ended the stop while the walker lived on.
 func TestWalkingJobStopped(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	for _, cg := range []bool{true, false} {
 		for _, end := range []string{"cancel", "lease", "leader-walks"} {
 			name := end + "/cgroup"
@@ -165,6 +166,7 @@ func TestWalkingJobStopped(t *testing.T) {
 // outside: the record says so (containment session, survivors unknown),
 // and reconcile says unknown, not cancelled.
 func TestWalkingJobWatchdogAfterWrapperKilled(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	for _, cg := range []bool{true, false} {
 		name := "cgroup"
 		if !cg {
@@ -237,6 +239,7 @@ func verdictOn(t *testing.T, h *host, id string) (int, reconcile.Verdict) {
 // the record said survivors [] and reconcile `cancelled` while the escapee
 // lived.
 func TestOutsideStopWithoutCgroupClaimsNothing(t *testing.T) {
+	t.Parallel() // waits on leases and graces, not the CPU
 	for _, by := range []string{"cancel", "watchdog"} {
 		t.Run(by, func(t *testing.T) {
 			h := newHost(t, false)
