@@ -37,8 +37,10 @@ const (
 // new PIDs that one look can miss; it cannot make them while frozen, and
 // it cannot pass two looks and the caller's own proof (cgroup unpopulated,
 // no child left) unseen. Sweep (when set) is called once when the proof
-// begins, if the stop found any member at all: the caller's last word
-// (cgroup.kill), even when TERM seemed to end everything.
+// begins, if the stop found a member and something is left after the
+// grace (a member, or Empty disagreeing): the caller's last word
+// (cgroup.kill). A stop whose TERM ended everything within the grace sends
+// no KILL; the proof's two looks, each confirmed by Empty, still stand.
 //
 // The intent must be recorded before Run (see Intend).
 type Loop struct {
@@ -51,9 +53,10 @@ type Loop struct {
 	// Wake blocks until one of ms may have died, or for at most d. It
 	// reports whether it was woken by an event rather than the time.
 	Wake func(ms []membership.Member, d time.Duration) bool
-	// Sweep, if set, ends every stop that found a member: it is called
-	// once, after the grace, before the proof; and once in the proof when
-	// a look finds no member but Empty disagrees.
+	// Sweep, if set, ends every stop that found a member and left
+	// something after the grace: it is called once, after the grace,
+	// before the proof, when a member is left or Empty disagrees; and once
+	// in the proof when a look finds no member but Empty disagrees.
 	Sweep func()
 	// Empty, if set, is the caller's proof that nothing of the run is left
 	// where Members cannot see: the run's cgroup is unpopulated, its
@@ -99,11 +102,16 @@ func (l Loop) Run(grace time.Duration) Result {
 		}
 		term(ms, false)
 		ms = l.waitGone(time.Now().Add(grace), ms, func(late []membership.Member) { term(late, true) })
-		if l.Sweep != nil {
-			l.Sweep()
-		}
 	}
-	left, proven := l.prove(ms, len(res.Stopped) > 0)
+	// The sweep is for what is left: a member the grace did not end, or
+	// one no look can see but Empty knows of. A stop whose TERM ended
+	// everything within the grace sends no KILL of any kind.
+	swept := false
+	if l.Sweep != nil && len(res.Stopped) > 0 && (len(ms) > 0 || l.Empty != nil && !l.Empty()) {
+		l.Sweep()
+		swept = true
+	}
+	left, proven := l.prove(ms, swept)
 	res.Survivors, res.Proven = pids(left), proven
 	return res
 }

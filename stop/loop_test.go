@@ -169,3 +169,51 @@ func TestLoopUnprovenWithoutEmpty(t *testing.T) {
 		t.Fatalf("%+v; want not proven, no survivor seen", res)
 	}
 }
+
+// A stop whose TERM ends every member within the grace, with the caller's
+// proof agreeing, ends there: no Sweep (the wrapper's cgroup.kill), no
+// STOP, no KILL, and it is proven.
+func TestLoopNoSweepWhenTermEndsAll(t *testing.T) {
+	rec := job(t, `sleep 600 & wait`)
+	waitMembers(t, rec, 2)
+	var s sent
+	sweeps, asked := 0, 0
+	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake,
+		Sweep: func() { sweeps++ },
+		Empty: func() bool { asked++; return true }}
+	res := loop.Run(time.Minute)
+	if !res.Proven || len(res.Survivors) != 0 || len(res.Stopped) != 2 {
+		t.Fatalf("%+v; want 2 stopped, none surviving, proven", res)
+	}
+	if sweeps != 0 {
+		t.Fatalf("Sweep called %d times; want none: TERM ended everything", sweeps)
+	}
+	for _, sig := range s.sigs {
+		if sig != unix.SIGTERM {
+			t.Fatalf("signals sent: %v; want only TERM", s.sigs)
+		}
+	}
+	if asked < 2 {
+		t.Fatalf("Empty asked %d times; want at least the proof's two looks", asked)
+	}
+}
+
+// When TERM ends every member the looks can see but the caller's proof
+// disagrees (a process no look finds, as in a cgroup below the run's), the
+// sweep still comes, once, right after the grace.
+func TestLoopSweepsWhenEmptyDisagrees(t *testing.T) {
+	rec := job(t, `sleep 600 & wait`)
+	waitMembers(t, rec, 2)
+	var s sent
+	sweeps, asked := 0, 0
+	loop := stop.Loop{Members: members(t, rec), Signal: s.signal(t), Wake: stop.PollWake,
+		Sweep: func() { sweeps++ },
+		Empty: func() bool { asked++; return asked > 1 }}
+	res := loop.Run(time.Minute)
+	if !res.Proven || len(res.Survivors) != 0 {
+		t.Fatalf("%+v; want none surviving, proven", res)
+	}
+	if sweeps != 1 {
+		t.Fatalf("Sweep called %d times; want 1", sweeps)
+	}
+}
