@@ -39,7 +39,8 @@ var hostileCmds = [][]string{
 // files or the directory writable by group or others. The run is a
 // fabricated record naming a live session leader (a decoy `sleep`) with an
 // expired lease, so any command that believed it would stop the decoy (the
-// control case proves it does, untampered). Every command must refuse with
+// control case proves it does, untampered: cancel stops it and, as the run
+// has neither a wrapper nor a cgroup, says cleanup cannot be confirmed). Every command must refuse with
 // a clear error, follow nothing, write nothing (the root and the symlinks'
 // targets keep their content and mtime), signal nothing (the decoy lives)
 // and run nothing.
@@ -101,6 +102,12 @@ func TestHostileLayouts(t *testing.T) {
 			code, out, errs := aw(t, nil, hostileArgs(root, id, elsewhere, args)...)
 			ok := code == 0
 			switch args[0] {
+			case "cancel":
+				// The fabricated run has no wrapper and no cgroup: the
+				// stop from outside sees only the session, so the honest
+				// answer is cancelled with cleanup not confirmed (exit
+				// 1), once the decoy is stopped (checked below).
+				ok = code == 1 && strings.Contains(out, "cancelled") && strings.Contains(errs, "cleanup cannot be confirmed")
 			case "reconcile":
 				ok = code == 3 // running, supervisor lost
 			case "watchdog":
