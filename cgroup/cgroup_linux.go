@@ -127,6 +127,25 @@ func Self() (string, error) {
 	return "", fmt.Errorf("%w: not in a cgroup v2 hierarchy", errUnavailable)
 }
 
+// Of returns the absolute cgroup v2 directory of pid, from the "0::" line
+// of /proc/PID/cgroup, or "" when it cannot be told.
+func Of(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return ""
+	}
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if rel, ok := bytes.CutPrefix(l, []byte("0::")); ok {
+			mnt, err := Mount()
+			if err != nil {
+				return ""
+			}
+			return filepath.Join(mnt, string(rel))
+		}
+	}
+	return ""
+}
+
 // Group is one run's cgroup.
 type Group struct {
 	Path string // absolute directory

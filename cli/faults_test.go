@@ -16,6 +16,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/watchdog"
 )
@@ -349,6 +350,71 @@ func TestTornRecordStillStops(t *testing.T) {
 				t.Fatal("the record does not say it was rebuilt")
 			}
 		})
+	}
+}
+
+// The record and the journal both torn (status.json garbage, events.jsonl
+// emptied: no created line to rebuild from) while the wrapper is stopped
+// (SIGSTOP): the watchdog rebuilds the run from the pid files and the live
+// leader (a session leader that started before the pid file was written),
+// finds the run's cgroup from the leader's, and once the lease has expired
+// and the wrapper has not acted, stops every process of it, the one that
+// left the session by setsid too. The final record says it was rebuilt.
+func TestTornRecordAndJournalStillStops(t *testing.T) {
+	root := runtest.NewRoot(t)
+	escFile := filepath.Join(t.TempDir(), "escaped")
+	c, r := startRun(t, root, "tj", "--lease", "5m", "--grace", "1s", "--no-stream", "tj", "--",
+		"sh", "-c", "setsid sleep 300 & echo $! > "+escFile+"; sleep 300")
+	rec := r.WaitState(t, statusfile.Running)
+	if rec.Cgroup == "" {
+		t.Fatalf("this host gave the run no cgroup (boundary %s): the tests run as root with a writable cgroup v2 tree", rec.Boundary)
+	}
+	var esc int
+	runtest.Eventually(t, "the escaped child's PID", func() bool {
+		b, err := os.ReadFile(escFile)
+		esc, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && esc > 1
+	})
+	escSt, err := proc.ReadStat(esc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(rec.WrapperPID, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Kill(rec.WrapperPID, unix.SIGCONT); c.Wait(t) })
+	dl := endLease(t, root, r)
+	if err := os.WriteFile(filepath.Join(r.Dir(), "status.json"), []byte("{\"sch"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(r.Dir(), "events.jsonl"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// The wrapper is alive (stopped): the watchdog gives it ActAfter past
+	// the deadline, then acts.
+	var a watchdog.Action
+	runtest.Eventually(t, "the watchdog to stop the run", func() bool {
+		if time.Now().Before(dl) {
+			return false
+		}
+		a = watchdogOnce(t, root)["tj"]
+		if a.Action == "skipped" || a.Action == "refused" {
+			t.Fatalf("watchdog: %+v", a)
+		}
+		return a.Action == "stopped"
+	})
+	if !strings.Contains(a.Reason, "has not acted") || !strings.Contains(a.Reason, "rebuilt") {
+		t.Fatalf("watchdog's reason: %q; want the wrapper found alive and not acting, and the record rebuilt", a.Reason)
+	}
+	assertStopped(t, rec)
+	if !runtest.Within(runtest.Patience, func() bool { return !runtest.AliveAs(esc, escSt.Start) }) {
+		t.Fatalf("the child that left the session by setsid (%d) outlived the watchdog's stop", esc)
+	}
+	got := r.MustStatus(t)
+	if got.State != statusfile.Cancelled || got.Code() != 124 || got.PID != rec.PID || !got.Rebuilt ||
+		got.Cgroup != rec.Cgroup || got.WrapperPID != rec.WrapperPID || got.Containment != statusfile.ContainmentCgroup {
+		t.Fatalf("record: state %s code %d pid %d rebuilt %v cgroup %q wrapper %d containment %q",
+			got.State, got.Code(), got.PID, got.Rebuilt, got.Cgroup, got.WrapperPID, got.Containment)
 	}
 }
 

@@ -1,8 +1,6 @@
 package membership
 
 import (
-	"bytes"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,24 +39,8 @@ func runOfCgroup(name string) (id string, wrapperPID int, ok bool) {
 	return name[:i], pid, true
 }
 
-// cgroupOf returns the absolute cgroup v2 directory of pid, from the "0::"
-// line of /proc/PID/cgroup, or "" when it cannot be told.
-func cgroupOf(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil {
-		return ""
-	}
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if rel, ok := bytes.CutPrefix(l, []byte("0::")); ok {
-			mnt, err := cgroup.Mount()
-			if err != nil {
-				return ""
-			}
-			return filepath.Join(mnt, string(rel))
-		}
-	}
-	return ""
-}
+// cgroupOf is cgroup.Of: pid's cgroup v2 directory, or "".
+func cgroupOf(pid int) string { return cgroup.Of(pid) }
 
 // runCgroupOf returns the run cgroup pid is in when it is the one its
 // wrapper made for the run named name (see CgroupName, cgroup.Valid), else

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -55,6 +57,9 @@ var errNotCreated = errors.New("its journal has no created line")
 func rebuild(d *rundir.Dir) (*Record, error) {
 	f, err := d.OpenFile(rundir.EventsFile, os.O_RDONLY, 0)
 	if err != nil {
+		if r, perr := fromPidFiles(d); perr == nil {
+			return r, nil
+		}
 		return nil, fmt.Errorf("no journal to rebuild it from: %w", err)
 	}
 	es := journal.Evidence(f, "created", "started", "adopted", "escaped", "deadline_expired", "cancel_requested", "launch_failed", "final")
@@ -125,7 +130,11 @@ func rebuild(d *rundir.Dir) (*Record, error) {
 		}
 	}
 	if !created {
-		return nil, errNotCreated
+		r, perr := fromPidFiles(d)
+		if perr != nil {
+			return nil, fmt.Errorf("%w, and %v", errNotCreated, perr)
+		}
+		return r, nil
 	}
 	if r.BootID == "" {
 		return nil, errors.New("its journal does not say which boot the run is of, so its PIDs mean nothing")
@@ -184,4 +193,87 @@ func sameBoot(e journal.Entry) bool {
 	now := time.Now().Add(-time.Duration(ts.Nano()))
 	d := now.Sub(then)
 	return d < time.Minute && d > -time.Minute
+}
+
+// userHZ is the unit of a process's start time in /proc/PID/stat: clock
+// ticks, 100 a second on Linux whatever the kernel's HZ.
+const userHZ = 100
+
+// fromPidFiles rebuilds a running record when the journal lost its created
+// line too (emptied, or torn with the record): from the pid and pgid files,
+// written once after the group was verified, and the live leader. The pid
+// file is a claim; it is taken only when the process at that PID is a
+// session leader (PID == PGID == SID) that started no later than the pid
+// file was written, in this boot: a PID recycled since starts later. When
+// the leader sits in a cgroup named for this run (RUN_ID.WRAPPER_PID), that
+// is the run's cgroup, and its wrapper is the leader's parent of that PID.
+// What only the lost lines said (the lease, the grace, escapes recorded
+// outside a cgroup) is not known: the lease is deadline_epoch's (lease.
+// Effective reads it when the journal names none), the grace is 0.
+func fromPidFiles(d *rundir.Dir) (*Record, error) {
+	pid, err := pidFile(d, rundir.PIDFile)
+	if err != nil {
+		return nil, err
+	}
+	if pgid, err := pidFile(d, rundir.PGIDFile); err != nil {
+		return nil, err
+	} else if pgid != pid {
+		return nil, fmt.Errorf("the pid file says %d, the pgid file %d: they must agree", pid, pgid)
+	}
+	written, err := d.ModTime(rundir.PIDFile)
+	if err != nil {
+		return nil, err
+	}
+	st, err := proc.ReadStat(pid)
+	if err != nil {
+		return nil, fmt.Errorf("the pid file's leader %d is gone, and no line says who its group was", pid)
+	}
+	if st.PGID != pid || st.SID != pid {
+		return nil, fmt.Errorf("the pid file's %d is not a session leader now (pgid %d, sid %d): its PID was recycled", pid, st.PGID, st.SID)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return nil, err
+	}
+	// The pid file's mtime as clock ticks since this boot; one tick of
+	// slack for the start time's rounding down.
+	sinceBoot := written.Sub(time.Now().Add(-time.Duration(ts.Nano())))
+	if sinceBoot < 0 {
+		return nil, errors.New("the pid file was written before this boot")
+	}
+	if st.Start > uint64(sinceBoot/(time.Second/userHZ))+1 {
+		return nil, fmt.Errorf("the process at the pid file's %d started after the file was written: its PID was recycled", pid)
+	}
+	boot, err := proc.BootID()
+	if err != nil {
+		return nil, err
+	}
+	at := Timestamp(written)
+	r := &Record{Schema: Schema, RunID: d.ID, Rebuilt: true, State: Running, PID: pid, PGID: pid, SID: pid,
+		LeaderStart: st.Start, BootID: boot, CreatedAt: at, StartedAt: at}
+	if cg := cgroup.Of(pid); cg != "" && cgroup.Valid(cg) {
+		name := filepath.Base(cg)
+		if i := strings.LastIndexByte(name, '.'); i > 0 && name[:i] == d.ID {
+			if w, err := strconv.Atoi(name[i+1:]); err == nil && w > 1 {
+				r.Cgroup, r.Boundary = cg, "cgroup"
+				if ws, err := proc.ReadStat(w); err == nil && st.PPID == w && ws.Start <= st.Start {
+					r.WrapperPID, r.WrapperStart = w, ws.Start
+				}
+			}
+		}
+	}
+	return r, nil
+}
+
+// pidFile reads a file of one PID and a newline.
+func pidFile(d *rundir.Dir, name string) (int, error) {
+	b, err := d.ReadFile(name)
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.Atoi(strings.TrimSuffix(string(b), "\n"))
+	if err != nil || v <= 1 || !strings.HasSuffix(string(b), "\n") {
+		return 0, fmt.Errorf("%s holds %q, not a PID", name, b)
+	}
+	return v, nil
 }
