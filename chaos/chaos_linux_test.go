@@ -104,7 +104,9 @@ var regressionSeeds = []struct {
 		"the record stays cancelling, the watchdog skips it, the job outlives its lease (found once, 0 of 3 replays)"},
 	{401, "a torn journal (or a full disk) with the wrapper SIGKILLed: the watchdog cannot journal the intent and signals nothing; " +
 		"the job outlives its lease (2 of 2 replays)"},
-	{402, "without a cgroup, a walker (fork, setsid, exit, again) survives the stop, and the record says cancelled with no survivors (2 of 2 replays)"},
+	{402, "without a cgroup, a walker (fork, setsid, exit, again) survives the stop, and the record says cancelled with no survivors (2 of 2 replays); " +
+		"then, once that was closed: status.json garbled and the journal emptied while the wrapper is stopped (SIGSTOP): " +
+		"the watchdog skips the run (no created line to rebuild from), the job outlives its lease (2 of 2 replays)"},
 	{403, "a full disk at the claim: run exits 0, the job runs with no record, the ID is used up (1 of 2 replays)"},
 	{513, "status.json garbled, then the wrapper SIGKILLed (a controller run's): the watchdog skips the run for good, " +
 		"though pid, pgid and the leader's start are intact; the job outlives its lease (2 of 2 replays)"},
