@@ -4,8 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -105,5 +108,51 @@ func TestRebuildFromALateFinal(t *testing.T) {
 	r, err := statusfile.ReadOrRebuild(d)
 	if err != nil || r.State != statusfile.Cancelled || r.Code() != 124 || r.EndedAt != ended {
 		t.Fatalf("rebuilt: %+v, %v; want cancelled, exit 124, ended_at %s", r, err, ended)
+	}
+}
+
+// With the journal emptied too, the record is rebuilt from the pid files
+// and the live leader: a session leader that started before the pid file
+// was written is the run's job; one that started after it (a PID recycled
+// since, here a pid file dated back an hour) is not, nor is a process that
+// is no session leader (a member of a job's group).
+func TestRebuildFromPidFilesAlone(t *testing.T) {
+	leader := runtest.Spawn(t, nil, "sleep", "300")
+	d := newRun(t, "pf")
+	line := []byte(strconv.Itoa(leader.PID) + "\n")
+	os.WriteFile(filepath.Join(d.Path, "pid"), line, 0o600)
+	os.WriteFile(filepath.Join(d.Path, "pgid"), line, 0o600)
+	os.WriteFile(filepath.Join(d.Path, "events.jsonl"), nil, 0o600)
+	os.WriteFile(filepath.Join(d.Path, "status.json"), []byte("{\"sch"), 0o600)
+	r, err := statusfile.ReadOrRebuild(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Rebuilt || r.State != statusfile.Running || r.PID != leader.PID || r.PGID != leader.PID || r.SID != leader.PID ||
+		r.LeaderStart != leader.Start || r.BootID == "" || r.LeaseSeconds != 0 || r.GraceSeconds != 0 {
+		t.Fatalf("rebuilt: %+v", r)
+	}
+	// A pid file written before its process started: a recycled PID.
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(filepath.Join(d.Path, "pid"), old, old)
+	if _, err := statusfile.ReadOrRebuild(d); !errors.Is(err, statusfile.ErrUnreadable) {
+		t.Fatalf("a pid file older than its process: %v, want ErrUnreadable", err)
+	}
+	// A PID that is no session leader: a member of a job's group.
+	job := runtest.Spawn(t, nil, "sh", "-c", "sleep 300 & wait")
+	member := 0
+	runtest.Eventually(t, "the job's member", func() bool {
+		for _, m := range runtest.Members(job.PID) {
+			if m.PID != job.PID && m.Comm == "sleep" {
+				member = m.PID
+			}
+		}
+		return member != 0
+	})
+	other := []byte(strconv.Itoa(member) + "\n")
+	os.WriteFile(filepath.Join(d.Path, "pid"), other, 0o600)
+	os.WriteFile(filepath.Join(d.Path, "pgid"), other, 0o600)
+	if _, err := statusfile.ReadOrRebuild(d); !errors.Is(err, statusfile.ErrUnreadable) {
+		t.Fatalf("a pid file naming no session leader: %v, want ErrUnreadable", err)
 	}
 }
