@@ -203,7 +203,7 @@ const userHZ = 100
 // line too (emptied, or torn with the record): from the pid and pgid files,
 // written once after the group was verified, and the live leader. The pid
 // file is a claim; it is taken only when the process at that PID is a
-// session leader (PID == PGID == SID) that started no later than the pid
+// live (not zombie) session leader (PID == PGID == SID) that started no later than the pid
 // file was written, in this boot: a PID recycled since starts later. When
 // the leader sits in a cgroup named for this run (RUN_ID.WRAPPER_PID), that
 // is the run's cgroup, and its wrapper is the leader's parent of that PID.
@@ -227,6 +227,12 @@ func fromPidFiles(d *rundir.Dir) (*Record, error) {
 	st, err := proc.ReadStat(pid)
 	if err != nil {
 		return nil, fmt.Errorf("the pid file's leader %d is gone, and no line says who its group was", pid)
+	}
+	if st.Dead() {
+		// A zombie leader says the job ended, and nothing says how the
+		// run did: a stop may have ended it, with its record torn since.
+		// Rebuilt as running, the run would move back from its end.
+		return nil, fmt.Errorf("the pid file's leader %d has exited, and no line says how the run ended", pid)
 	}
 	if st.PGID != pid || st.SID != pid {
 		return nil, fmt.Errorf("the pid file's %d is not a session leader now (pgid %d, sid %d): its PID was recycled", pid, st.PGID, st.SID)

@@ -3,10 +3,13 @@ package statusfile_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
@@ -115,7 +118,8 @@ func TestRebuildFromALateFinal(t *testing.T) {
 // and the live leader: a session leader that started before the pid file
 // was written is the run's job; one that started after it (a PID recycled
 // since, here a pid file dated back an hour) is not, nor is a process that
-// is no session leader (a member of a job's group).
+// is no session leader (a member of a job's group), nor a leader that
+// has exited (a zombie).
 func TestRebuildFromPidFilesAlone(t *testing.T) {
 	leader := runtest.Spawn(t, nil, "sleep", "300")
 	d := newRun(t, "pf")
@@ -154,5 +158,23 @@ func TestRebuildFromPidFilesAlone(t *testing.T) {
 	os.WriteFile(filepath.Join(d.Path, "pgid"), other, 0o600)
 	if _, err := statusfile.ReadOrRebuild(d); !errors.Is(err, statusfile.ErrUnreadable) {
 		t.Fatalf("a pid file naming no session leader: %v, want ErrUnreadable", err)
+	}
+	// A leader that has exited and is not reaped yet (a zombie): the job
+	// ended, and nothing says how; a stop may have ended the run.
+	zc := exec.Command("true")
+	zc.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+	if err := zc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { zc.Wait() })
+	runtest.Eventually(t, "the leader to be a zombie", func() bool {
+		st, err := proc.ReadStat(zc.Process.Pid)
+		return err == nil && st.Dead()
+	})
+	zombie := []byte(strconv.Itoa(zc.Process.Pid) + "\n")
+	os.WriteFile(filepath.Join(d.Path, "pid"), zombie, 0o600)
+	os.WriteFile(filepath.Join(d.Path, "pgid"), zombie, 0o600)
+	if _, err := statusfile.ReadOrRebuild(d); !errors.Is(err, statusfile.ErrUnreadable) {
+		t.Fatalf("a pid file naming a zombie leader: %v, want ErrUnreadable", err)
 	}
 }
