@@ -402,13 +402,21 @@ func (s *Server) stop(t T) {
 			_ = syscall.Kill(c.pid, syscall.SIGTERM)
 		}
 	}
+	// TERM, then KILL past stopTimeout; either way stop returns only once
+	// the process is gone (a zombie counts as gone), so a caller that
+	// checks right after sees no per-connection sshd of this server.
 	deadline := time.Now().Add(stopTimeout)
 	for _, c := range children {
+		killed := false
 		for alive(c.pid, c.start) {
-			if time.Now().After(deadline) {
+			if !killed && time.Now().After(deadline) {
 				if st, ok := startTime(c.pid); ok && st == c.start {
 					_ = syscall.Kill(c.pid, syscall.SIGKILL)
 				}
+				killed = true
+				deadline = time.Now().Add(stopTimeout)
+			} else if killed && time.Now().After(deadline) {
+				t.Errorf("sshtest: per-connection sshd pid %d did not exit after SIGKILL", c.pid)
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
