@@ -238,8 +238,9 @@ type renewResult struct {
 // runs when there is a batch and the run renews with its own lease (a
 // nested run's capped lease nl goes alone), else over a call of its own.
 func (r *Run) renewCall(ctx context.Context, nl time.Duration) renewResult {
+	limit := r.renewTimeout(nl)
 	if r.h.batch != nil && nl <= 0 {
-		a := r.h.batch.renew(ctx, r.cfg.ID, r.cfg.RenewEvery)
+		a := r.h.batch.renew(ctx, r.cfg.ID, limit)
 		switch {
 		case a.Renewed:
 			return renewResult{ok: true, batch: a.Batch}
@@ -254,7 +255,7 @@ func (r *Run) renewCall(ctx context.Context, nl time.Duration) renewResult {
 		words = []string{"renew", "--lease", nl.String(), r.cfg.ID}
 	}
 	var out, errb bytes.Buffer
-	res := r.h.callTimeout(ctx, r.cfg.RenewEvery, r.h.remote(words...), &out, &errb)
+	res := r.h.callTimeout(ctx, limit, r.h.remote(words...), &out, &errb)
 	switch {
 	case res.code == 0:
 		return renewResult{ok: true}
@@ -262,6 +263,29 @@ func (r *Run) renewCall(ctx context.Context, nl time.Duration) renewResult {
 		return renewResult{lost: res.why()}
 	}
 	return renewResult{refused: lastLine(strings.TrimSpace(errb.String()))}
+}
+
+// renewFloor is the least time a renewal is given when the lease allows:
+// a renewal period of a second or two is no measure of how long a loaded
+// host takes to answer.
+const renewFloor = 10 * time.Second
+
+// renewTimeout bounds one renewal: its period, or longer when the period is
+// shorter than renewFloor, up to renewFloor and at most half of what the
+// lease, or --give-up, has left counting from the last renewal that
+// succeeded (lease l: the run's own, or a nested run's capped one). A host
+// that answers in 3 s under load keeps a run renewed every 2 s, and a
+// renewal that hangs is still given up, and said to have failed, in time
+// for the next one.
+func (r *Run) renewTimeout(l time.Duration) time.Duration {
+	if l <= 0 {
+		l = r.cfg.Lease
+	}
+	if r.cfg.GiveUp > 0 {
+		l = min(l, r.cfg.GiveUp)
+	}
+	left := time.Until(time.Unix(0, r.lastRenew.Load()).Add(l))
+	return max(r.cfg.RenewEvery, min(renewFloor, left/2))
 }
 
 // renewDelay is the wait for the next renewal: to the next shared instant

@@ -125,9 +125,11 @@ func TestFanoutThroughMux(t *testing.T) {
 	ctls := make([]*ctl, runs)
 	for i := range ctls {
 		id := fmt.Sprintf("fan-%02d", i)
-		// Every job waits until all have started, so that all 50 attach
+		// Every job waits until all have started (counting the barrier by a
+		// glob, so 50 waiting jobs fork one sleep each half second, not a
+		// pipeline five times a second), so that all 50 attach
 		// sessions are open at once, then outlives its lease by far.
-		job := fmt.Sprintf("touch %s/%s; while [ $(ls %s | wc -l) -lt %d ]; do sleep 0.2; done; echo all-%d; sleep 22; exit %d",
+		job := fmt.Sprintf("touch %s/%s; while set -- %s/*; [ $# -lt %d ]; do sleep 0.5; done; echo all-%d; sleep 22; exit %d",
 			barrier, id, barrier, runs, i, i%3)
 		args := []string{"ssh", "--rsh", c.rsh(), "--remote-bin", remoteBin, "--remote-root", c.root,
 			"--ledger", c.ledger, "--events", c.events, "--id", id,
@@ -389,7 +391,7 @@ func TestFanoutMastersFill(t *testing.T) {
 	ctls := make([]*ctl, runs)
 	for i := range ctls {
 		id := fmt.Sprintf("fill-%02d", i)
-		job := fmt.Sprintf("touch %s/%s; while [ $(ls %s | wc -l) -lt %d ]; do sleep 0.2; done; echo all-%d; sleep 14; exit %d",
+		job := fmt.Sprintf("touch %s/%s; while set -- %s/*; [ $# -lt %d ]; do sleep 0.5; done; echo all-%d; sleep 14; exit %d",
 			barrier, id, barrier, runs, i, i%3)
 		ctls[i] = c.start(id, []string{"--lease", "8s", "--renew-every", "2s"}, "sh", "-c", job)
 	}
