@@ -53,7 +53,7 @@ dist:
 	cd "$$d" && sha256sum $$names >SHA256SUMS && cat SHA256SUMS
 
 # The host side as packages: DISTDIR (dist/) gets agent-wrap_V_ARCH.deb and
-# agent-wrap-V-1.ARCH.rpm for amd64 and arm64. `go run ./packaging` stages
+# agent-wrap-V-1.ARCH.rpm for amd64 and arm64. `go run ./cmd/packaging` stages
 # the files (the binary and agent-wrap-mcp beside it, the man page and completions from the command
 # table, the watchdog's units from deploy/units, the copyright file) and
 # writes nfpm's configuration; nfpm, pinned in go.mod as a tool, packs them.
@@ -69,8 +69,8 @@ package:
 		echo "+ GOOS=linux GOARCH=$$arch $(GO) build -o $$s/agent-wrap"; \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o "$$s/agent-wrap" ./cmd/agent-wrap; \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o "$$s/agent-wrap-mcp" ./cmd/agent-wrap-mcp; \
-		echo "+ $(GO) run ./packaging -arch $$arch -version $(VERSION)"; \
-		$(GO) run -ldflags '$(LDFLAGS)' ./packaging -bin "$$s/agent-wrap" -mcp-bin "$$s/agent-wrap-mcp" -arch $$arch -version '$(VERSION)' \
+		echo "+ $(GO) run ./cmd/packaging -arch $$arch -version $(VERSION)"; \
+		$(GO) run -ldflags '$(LDFLAGS)' ./cmd/packaging -bin "$$s/agent-wrap" -mcp-bin "$$s/agent-wrap-mcp" -arch $$arch -version '$(VERSION)' \
 			-maintainer '$(MAINTAINER)' $$lic -out "$$s/stage"; \
 		for p in deb rpm; do $(GO) tool nfpm package -f "$$s/stage/nfpm.yaml" -p $$p -t "$$d"; done; \
 		rm -rf "$$s"; \

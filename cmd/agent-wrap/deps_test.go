@@ -7,7 +7,7 @@ import (
 )
 
 // TestPackagingOutOfBinary keeps the packaging tools out of the binary:
-// nfpm runs as `go tool nfpm` and ./packaging is a build program, so
+// nfpm runs as `go tool nfpm` and ./cmd/packaging is a build program, so
 // neither (nor anything only they need) may be linked into agent-wrap.
 func TestPackagingOutOfBinary(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
@@ -19,7 +19,7 @@ func TestPackagingOutOfBinary(t *testing.T) {
 		t.Fatalf("go list -deps listed only %d packages", len(pkgs))
 	}
 	for _, pkg := range pkgs {
-		if strings.Contains(pkg, "goreleaser") || pkg == "github.com/agent-wrap/agent-wrap/packaging" {
+		if strings.Contains(pkg, "goreleaser") || pkg == "github.com/agent-wrap/agent-wrap/cmd/packaging" {
 			t.Errorf("the binary links %s, a packaging tool", pkg)
 		}
 	}

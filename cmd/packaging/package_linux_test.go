@@ -66,12 +66,12 @@ func buildPackages(t *testing.T) (es []Entry, deb, rpm string) {
 	}
 	// The licence as make package passes it: the tree's LICENSE under the
 	// Makefile's LICENSE_ID.
-	licID := strings.TrimSpace(run(t, false, "make", "-s", "--no-print-directory", "-C", "..",
+	licID := strings.TrimSpace(run(t, false, "make", "-s", "--no-print-directory", "-C", "../..",
 		"--eval", "print-license-id: ; @echo $(LICENSE_ID)", "print-license-id"))
 	stage := filepath.Join(dir, "stage")
 	es, err = Stage(stage, Options{Bin: bin, Arch: "amd64", Version: testVersion,
 		Maintainer: "Test Maintainer <test@example.invalid>", Modules: mods, GoRoot: goroot,
-		LicenseFile: filepath.Join("..", "LICENSE"), LicenseID: licID})
+		LicenseFile: filepath.Join("..", "..", "LICENSE"), LicenseID: licID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,14 +519,14 @@ func TestPackageVersion(t *testing.T) {
 // Debian ships it in common-licenses, and the packager names it so even
 // when no SPDX name is given.
 func TestLicenseIsApache(t *testing.T) {
-	got := mustRead(t, filepath.Join("..", "LICENSE"))
+	got := mustRead(t, filepath.Join("..", "..", "LICENSE"))
 	if want, err := os.ReadFile("/usr/share/common-licenses/Apache-2.0"); err == nil && !bytes.Equal(got, want) {
 		t.Errorf("LICENSE differs from /usr/share/common-licenses/Apache-2.0")
 	}
 	if !bytes.Contains(got, []byte("Apache License\n")) || !bytes.Contains(got, []byte("Version 2.0, January 2004")) {
 		t.Errorf("LICENSE is not the Apache License 2.0:\n%.300s", got)
 	}
-	if id := licenseID(Options{LicenseFile: filepath.Join("..", "LICENSE")}); id != "Apache-2.0" {
+	if id := licenseID(Options{LicenseFile: filepath.Join("..", "..", "LICENSE")}); id != "Apache-2.0" {
 		t.Errorf("licenseID of LICENSE with no SPDX name given: %q, want Apache-2.0", id)
 	}
 }

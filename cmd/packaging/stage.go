@@ -1,7 +1,7 @@
 // Command packaging stages what `make package` puts in agent-wrap's .deb
 // and .rpm, and writes the nfpm configuration that packs it:
 //
-//	go run ./packaging -bin dist/agent-wrap-linux-amd64 -arch amd64 -version V -out DIR
+//	go run ./cmd/packaging -bin dist/agent-wrap-linux-amd64 -arch amd64 -version V -out DIR
 //	go tool nfpm package -f DIR/nfpm.yaml -p deb -t dist/
 //
 // Every file is made from what the binary itself uses: the man page and the
@@ -155,7 +155,7 @@ func Stage(dir string, o Options) ([]Entry, error) {
 		return nil, err
 	}
 	var y strings.Builder
-	fmt.Fprintf(&y, `# Written by 'go run ./packaging' (make package); packed by 'go tool nfpm'.
+	fmt.Fprintf(&y, `# Written by 'go run ./cmd/packaging' (make package); packed by 'go tool nfpm'.
 name: agent-wrap
 arch: %s
 platform: linux
