@@ -64,7 +64,7 @@ func TestCAFileModeDocumented(t *testing.T) {
 	// and of files readable by group or others says that only a secret file
 	// may not be, or that a CA file may be.
 	space := regexp.MustCompile(`\s+`)
-	for _, doc := range []string{"../README.md", "reference.md", "authority.md", "controller.md"} {
+	for _, doc := range []string{"guide.md", "reference.md", "authority.md", "controller.md"} {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)

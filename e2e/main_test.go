@@ -21,7 +21,7 @@
 //	TestWatchdogStopsRunOfDeadWrapper   wrapper SIGKILLed: watchdog --once enforces the lease
 //
 // Run them with `go test ./e2e` (as root, with openssh-server installed;
-// without it the package fails at once, naming what to install). README.md's
+// without it the package fails at once, naming what to install). docs/guide.md's
 // "Controller side" section is what these tests back.
 package e2e
 
