@@ -51,7 +51,7 @@ var wellKnown = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
 // cgroup2 file system, else the first cgroup2 mount in
 // /proc/self/mountinfo. The statfs is a few microseconds; the kernel
 // writes the whole mount table out for a read of mountinfo, which cost
-// every run about 0.15 ms of CPU at its start (issue #17).
+// every run about 0.15 ms of CPU at its start.
 func Mount() (string, error) {
 	if m := mounted.Load(); m != nil {
 		return *m, nil

@@ -42,7 +42,7 @@ func asUser(t *testing.T, bin string, args ...string) (int, string) {
 	return 0, ""
 }
 
-// Issue 15 (4): agent-wrap's own failure before the job starts exits 125,
+// agent-wrap's own failure before the job starts exits 125,
 // the message names what failed once (no "run r1: run r1:"), with its path,
 // and a hint says what to do. A read-only run root, and a root whose parent
 // cannot be made.

@@ -18,7 +18,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// A run's files are what the contract names and no more (issue #17): no
+// A run's files are what the contract names and no more: no
 // `lock` (the run directory is the flock target), no temp file left, the
 // journal intact though the wrapper kept it open; and the deadline is
 // written with the first record, so whoever sees a record of a leased run

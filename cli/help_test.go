@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// Issue 15 (7): every command's --help (and -h, and `help CMD`) prints to
+// Every command's --help (and -h, and `help CMD`) prints to
 // stdout, exits 0, and gives a synopsis, one line of purpose, the flags with
 // honest defaults, and the exit codes. The commands come from the dispatch
 // table, so a command added later is held to the same.

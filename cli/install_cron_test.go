@@ -12,10 +12,9 @@ import (
 	"github.com/agent-wrap/agent-wrap/deploy"
 )
 
-// Issue 15 (5): on a host with no cron daemon and no crontab program,
-// `install --cron` used to write its files and report success, and no
-// watchdog would ever run. It refuses now, naming what is missing, before
-// writing anything. The host without cron is simulated: an empty PATH and
+// On a host with no cron daemon and no crontab program, `install --cron`
+// refuses, naming what is missing, before writing anything: files written
+// and success reported there would leave no watchdog ever running. The host without cron is simulated: an empty PATH and
 // no system directories to search.
 func TestInstallCronRefusedWithoutCron(t *testing.T) {
 	old := deploy.CronDirs

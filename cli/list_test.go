@@ -30,8 +30,7 @@ type listJSON struct {
 	Error       string `json:"error"`
 }
 
-// Issue 15 (6, 8): list says what reconcile would say, in the table and in
-// JSON alike. A run whose wrapper was SIGKILLed and whose job died with it
+// list says what reconcile would say, in the table and in JSON alike. A run whose wrapper was SIGKILLed and whose job died with it
 // is unknown (the record still says running); one whose job lives on is
 // running with its supervisor lost; a finished one shows EXIT and an
 // unreadable one is the same in both forms.
@@ -118,8 +117,8 @@ func TestListShowsVerdict(t *testing.T) {
 	wantVerdict(t, root, "lost", 3, "running", "lost")
 }
 
-// Issue 15 (8): "survivors" is absent while a run is live and a list once it
-// is terminal ([] being the promise), never null.
+// "survivors" is absent while a run is live and a list once it is terminal
+// ([] being the promise), never null.
 func TestSurvivorsOnlyWhenTerminal(t *testing.T) {
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "sv", "--grace", "1s", "sv", "--", "sleep", "300")

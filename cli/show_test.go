@@ -20,7 +20,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/timeline"
 )
 
-// Issue 23 (4): show on a completed run, a cancelled one with an escape, a
+// show on a completed run, a cancelled one with an escape, a
 // lease-expired one (ended on demand with renew --lease) and a lost one,
 // checked against the journal line by line: every line is in the timeline
 // once, in order, a summarized line only with lines of its own kind, and

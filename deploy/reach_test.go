@@ -69,13 +69,13 @@ func deployUser(t *testing.T) (name, home string) {
 	return u.Username, u.HomeDir
 }
 
-// Issue 15 (1): after `deploy --user`, `ssh host agent-wrap ...` failed with
-// "agent-wrap: command not found" (127) while deploy said ok and never said
-// where the binary went. Deploy now calls `ssh HOST agent-wrap version` as a
-// controller would; where that fails it says so (exit 1), names the
-// binary's absolute path for --remote-bin, and offers the fixes. Issue 15
-// (5): `deploy --cron` to a host without cron is refused, naming what is
-// missing.
+// Deploy never says ok for a binary a controller cannot reach: after
+// `deploy --user` (~/.local/bin is not on sshd's PATH) a plain `ssh host
+// agent-wrap ...` would get "command not found" (127). Deploy calls `ssh
+// HOST agent-wrap version` as a controller would; where that fails it says
+// so (exit 1), names the binary's absolute path for --remote-bin, and
+// offers the fixes. `deploy --cron` to a host without cron is refused,
+// naming what is missing.
 func TestDeployUserReach(t *testing.T) {
 	d := distDir(t)
 	s := sshtest.Start(t)

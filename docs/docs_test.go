@@ -18,9 +18,8 @@ import (
 
 var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
-// Issue 15 (9): the README linked a contract in a directory beside the clone, which a clone does
-// not have. Every relative link in every Markdown file must resolve to a
-// file inside the repository.
+// Every relative link in every Markdown file resolves to a file inside the
+// repository: a clone has nothing beside it to link to.
 func TestLinksStayInRepo(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {

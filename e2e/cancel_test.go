@@ -19,7 +19,7 @@ func waitMembers(t *testing.T, pgid, n int) []pstat {
 	return m
 }
 
-// Scenario 3. `cancel` over a second connection while the first streams:
+// `cancel` over a second connection while the first streams:
 // the first connection ends with exit 143, the record says cancelled, and no
 // process of the group is left.
 func TestCancelOverSecondConnection(t *testing.T) {
@@ -60,7 +60,7 @@ func TestCancelOverSecondConnection(t *testing.T) {
 	}
 }
 
-// Scenario 5. Two runs on one account; cancelling one over ssh leaves every
+// Two runs on one account; cancelling one over ssh leaves every
 // process of the other alive.
 func TestCancelLeavesOtherRunAlone(t *testing.T) {
 	t.Parallel()

@@ -10,7 +10,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 )
 
-// Scenario 6. The controller loop of docs/guide.md, as the shell script
+// The controller loop of docs/guide.md, as the shell script
 // testdata/controller.sh: renew every second over ssh, stop renewing, then
 // reconcile. The script checks each step; the test adds the /proc evidence.
 func TestControllerLoop(t *testing.T) {

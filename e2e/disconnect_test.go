@@ -93,7 +93,7 @@ func (h *harness) leaseDeadline(id string) time.Time {
 	return time.Unix(int64(n), 0)
 }
 
-// Scenario 1. No PTY, a lease, a job printing continuously, the local ssh
+// No PTY, a lease, a job printing continuously, the local ssh
 // client SIGKILLed: losing the stream is not a hangup, so the job runs on past
 // the disconnect, the wrapper survives writing into the dead pipe, the lease
 // then stops the job (ended on demand once the checks are made), and
@@ -170,7 +170,7 @@ func (h *harness) reattach(id string) func(code int) {
 	}
 }
 
-// Scenario 2a. `ssh -tt`, the client killed: sshd closes the PTY, the kernel
+// `ssh -tt`, the client killed: sshd closes the PTY, the kernel
 // hangs it up, the wrapper (session leader on that terminal) gets SIGHUP and,
 // by default, cancels the run.
 func TestDisconnectPTYHangupCancels(t *testing.T) {
@@ -192,7 +192,7 @@ func TestDisconnectPTYHangupCancels(t *testing.T) {
 	}
 }
 
-// Scenario 2b. The same hangup with --on-hangup ignore: the job lives on
+// The same hangup with --on-hangup ignore: the job lives on
 // until its lease ends (on demand, once the checks are made).
 func TestDisconnectPTYHangupIgnored(t *testing.T) {
 	t.Parallel()

@@ -10,10 +10,9 @@ import (
 	"time"
 )
 
-// Issue 15 (10): on a machine without openssh-server, `make test` printed
-// "ok" for this package with every test skipped. Shown here by pointing
-// sshd's path at nothing (SSHTEST_SSHD): the package fails at once, naming
-// what to install, and runs no test.
+// On a machine without openssh-server this package never says "ok" with
+// every test skipped: it fails at once, naming what to install, and runs no
+// test. Shown by pointing sshd's path at nothing (SSHTEST_SSHD).
 func TestWithoutSSHDFailsAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

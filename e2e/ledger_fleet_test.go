@@ -99,7 +99,7 @@ func gateJob(file string, code int) []string {
 	return []string{"sh", "-c", `echo started; while [ ! -e "$1" ]; do sleep 0.1; done; exit "$2"`, "sh", file, strconv.Itoa(code)}
 }
 
-// Issue 22, tests 2 and 4. Two "runner machines" on one database (two
+// Two "runner machines" on one database (two
 // controller host names): runner A's controllers, one per run, are
 // SIGKILLed by their PIDs mid-run, and one is SIGSTOPped instead. While
 // A's heartbeats are fresh, runner B's `settle --all --dead` touches
@@ -202,7 +202,7 @@ func TestSSHPostgresFleetSettleOnce(t *testing.T) {
 	}
 }
 
-// Issue 22, test 3. The database stopped (SIGQUIT to the postmaster by its
+// The database stopped (SIGQUIT to the postmaster by its
 // PID, as `pg_ctl stop -m immediate`) while runs are live: the run goes on
 // past its 10 s lease (its controller renews it); a new ssh launches
 // nothing until its launching row commits; the controller says what it

@@ -104,7 +104,7 @@ func runBin(args ...string) (int, string) {
 	return exitCode(err), string(out)
 }
 
-// Issue 22, test 5 and the ledger's life on PostgreSQL through the binary:
+// The ledger's life on PostgreSQL through the binary:
 // a bad URL, a wrong password, an empty database and a newer schema, each
 // its message and code with nothing written; then `ledger init`, and a run
 // through `agent-wrap ssh` recorded in the database as in the files.

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// Issue 23 (4): `ledger show` through a real sshd: the controller's record
+// `ledger show` through a real sshd: the controller's record
 // of a run cancelled with SIGINT, then the host's timeline of the same run,
 // asked for over the run's recorded rsh: the intent by the cancel, the
 // signal, the final record, the chain verified.

@@ -8,21 +8,21 @@
 // recorded in its run directory, checked against their start times; never by
 // name.
 //
-// Scenarios (issue 6), one test each, all in parallel:
+// The host side driven over ssh, one test each, all in parallel:
 //
-//	TestDisconnectNoPTYRunsUntilLease   1: no PTY, client SIGKILLed, the lease ends it
-//	TestDisconnectPTYHangupCancels      2: ssh -tt, client killed: signal:HUP
-//	TestDisconnectPTYHangupIgnored      2: the same with --on-hangup ignore
-//	TestCancelOverSecondConnection      3: cancel while the first connection streams
-//	TestStream10MBByteIdentical         4: 10 MB through ssh, byte for byte
-//	TestCancelLeavesOtherRunAlone       5: two runs, one cancelled
-//	TestControllerLoop                  6: testdata/controller.sh
+//	TestDisconnectNoPTYRunsUntilLease   no PTY, client SIGKILLed, the lease ends it
+//	TestDisconnectPTYHangupCancels      ssh -tt, client killed: signal:HUP
+//	TestDisconnectPTYHangupIgnored      the same with --on-hangup ignore
+//	TestCancelOverSecondConnection      cancel while the first connection streams
+//	TestStream10MBByteIdentical         10 MB through ssh, byte for byte
+//	TestCancelLeavesOtherRunAlone       two runs, one cancelled
+//	TestControllerLoop                  testdata/controller.sh
 //	TestDetachOverSSH                   run --detach over ssh -tt, then logs -f, cancel, wait
 //	TestWatchdogStopsRunOfDeadWrapper   wrapper SIGKILLed: watchdog --once enforces the lease
 //
 // Run them with `go test ./e2e` (as root, with openssh-server installed;
-// without it the package fails at once, naming what to install). docs/guide.md's
-// "Controller side" section is what these tests back.
+// without it the package fails at once, naming what to install). the by-hand
+// sections of docs/guide.md are what these tests back.
 package e2e
 
 import (

@@ -16,7 +16,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// Nested runs (issue 24): a run on "A" (this machine, its own run root)
+// Nested runs: a run on "A" (this machine, its own run root)
 // whose job runs `agent-wrap ssh B -- ...`, B being the test's sshd with a
 // run root of its own, reached through the relay the test controls; for
 // three levels, B's job runs `agent-wrap ssh C`, C the same sshd with a

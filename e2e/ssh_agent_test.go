@@ -16,7 +16,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/timeline"
 )
 
-// Issue 23 (5): agent-wrap ssh --agent MODE, with a real ssh-agent on the
+// agent-wrap ssh --agent MODE, with a real ssh-agent on the
 // controller's side and a real sshd that allows agent forwarding. scoped:
 // the launch connection forwards the agent and the job lists its key
 // through the run's relay (its SSH_AUTH_SOCK is the relay's, not sshd's),

@@ -10,7 +10,7 @@ import (
 
 // The five failure paths of a remote job, each driven through the
 // controller (`agent-wrap ssh`), each judged from the host's /proc. The
-// fifth, two runs and one cancelled, is TestSSH7TwoControllersOneCancelled.
+// fifth, two runs and one cancelled, is TestSSHTwoControllersOneCancelled.
 
 // Failure path 1: TERM to the wrapper on the host. The run is cancelled
 // (signal:TERM, 143); the controller exits 143 and the ledger says so.

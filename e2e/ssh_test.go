@@ -13,17 +13,19 @@ import (
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
-// Issue 13's tests of `agent-wrap ssh`, numbered as in the issue, then the
-// five failure paths of a remote job driven through the controller. Leases
-// are long and ended on demand, except in 5 and 6, where the lease passing
-// is the subject.
+// `agent-wrap ssh` end to end: bytes and codes, a confirmed cancel, a
+// reattach, blackholes shorter and longer than the lease, the controller
+// killed, two controllers, an unreachable host, then bad input and the
+// controller killed at each moment. Leases are long and ended on demand,
+// except where the lease passing is the subject (a blackhole past the
+// lease, the controller killed).
 
 var longLease = []string{"--lease", "120s", "--grace", "2s"}
 
-// 1. Bytes and codes: 10 MB of binary stdout and 1 MB of stderr arrive
+// Bytes and codes: 10 MB of binary stdout and 1 MB of stderr arrive
 // byte-identical; exit codes 0, 7, 127 and a signal death pass through;
 // a hostile argv arrives exact.
-func TestSSH1BytesCodesArgv(t *testing.T) {
+func TestSSHBytesCodesArgv(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	dir := t.TempDir()
@@ -87,12 +89,12 @@ func TestSSH1BytesCodesArgv(t *testing.T) {
 // sleepTree is a job with two children in its group, printing "started".
 var sleepTree = []string{"sh", "-c", `sleep 300 & sleep 300 & echo started; wait`}
 
-// 2. SIGINT to the controller: a confirmed cancel over a second connection.
-func TestSSH2InterruptCancels(t *testing.T) {
-	eachLedger(t, testSSH2InterruptCancels)
+// SIGINT to the controller: a confirmed cancel over a second connection.
+func TestSSHInterruptCancels(t *testing.T) {
+	eachLedger(t, testSSHInterruptCancels)
 }
 
-func testSSH2InterruptCancels(t *testing.T, c *ctlHarness) {
+func testSSHInterruptCancels(t *testing.T, c *ctlHarness) {
 	k := c.start("int", longLease, sleepTree...)
 	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("int")
@@ -129,9 +131,9 @@ func lineWant(prefix string, n int) string {
 	return b.String()
 }
 
-// 3. The attach's ssh client SIGKILLed mid-stream: reattach, output
+// The attach's ssh client SIGKILLed mid-stream: reattach, output
 // complete and not duplicated, the ledger detached then settled.
-func TestSSH3ReattachAfterClientKilled(t *testing.T) {
+func TestSSHReattachAfterClientKilled(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	const n = 300
@@ -180,9 +182,9 @@ func waitFileJob(file string) []string {
 	return []string{"sh", "-c", `echo before; while [ ! -e "$1" ]; do sleep 0.1; done; echo after; exit 5`, "sh", file}
 }
 
-// 4. A blackhole shorter than the lease: the job lives on, renewals resume,
+// A blackhole shorter than the lease: the job lives on, renewals resume,
 // output complete.
-func TestSSH4BlackholeShorterThanLease(t *testing.T) {
+func TestSSHBlackholeShorterThanLease(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	gate := filepath.Join(t.TempDir(), "go")
@@ -210,10 +212,10 @@ func TestSSH4BlackholeShorterThanLease(t *testing.T) {
 	c.treeGone("hole")
 }
 
-// 5. A blackhole past the lease and --give-up: the job died at its lease,
+// A blackhole past the lease and --give-up: the job died at its lease,
 // the controller exits 255 naming settle, and settle after the heal
 // records cancelled, cause lease, exit 124.
-func TestSSH5BlackholePastLease(t *testing.T) {
+func TestSSHBlackholePastLease(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	// A long lease, so that no renewal races the clock on a loaded machine;
@@ -244,13 +246,13 @@ func TestSSH5BlackholePastLease(t *testing.T) {
 	c.wantSettled("giveup", "cancelled", "lease", 124)
 }
 
-// 6. The controller SIGKILLed right after the launch: the job dies at its
+// The controller SIGKILLed right after the launch: the job dies at its
 // lease; the ledger already held the run; settle records it.
-func TestSSH6ControllerKilled(t *testing.T) {
-	eachLedger(t, testSSH6ControllerKilled)
+func TestSSHControllerKilled(t *testing.T) {
+	eachLedger(t, testSSHControllerKilled)
 }
 
-func testSSH6ControllerKilled(t *testing.T, c *ctlHarness) {
+func testSSHControllerKilled(t *testing.T, c *ctlHarness) {
 	k := c.start("killed", []string{"--lease", "120s", "--grace", "1s"}, sleepTree...)
 	c.waitRunning("killed")
 	k.signal(t, syscall.SIGKILL)
@@ -279,9 +281,9 @@ func testSSH6ControllerKilled(t *testing.T, c *ctlHarness) {
 	}
 }
 
-// 7 (and failure path 5). Two controllers on one account; SIGINT to one;
-// the other completes untouched.
-func TestSSH7TwoControllersOneCancelled(t *testing.T) {
+// Two controllers on one account; SIGINT to one; the other completes
+// untouched (the fifth failure path of ssh_failure_test.go).
+func TestSSHTwoControllersOneCancelled(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	gate := filepath.Join(t.TempDir(), "go")
@@ -310,15 +312,15 @@ func TestSSH7TwoControllersOneCancelled(t *testing.T) {
 	c.treeGone("two-b")
 }
 
-// 8. The host unreachable at launch: exit 255. No attempt got as far as
+// The host unreachable at launch: exit 255. No attempt got as far as
 // the login (the relay passes nothing), so the controller knows the
 // command was never sent and settles the run not_started itself: settle,
 // once the host is back, has nothing to learn, and the host never had it.
-func TestSSH8UnreachableAtLaunch(t *testing.T) {
-	eachLedger(t, testSSH8UnreachableAtLaunch)
+func TestSSHUnreachableAtLaunch(t *testing.T) {
+	eachLedger(t, testSSHUnreachableAtLaunch)
 }
 
-func testSSH8UnreachableAtLaunch(t *testing.T, c *ctlHarness) {
+func testSSHUnreachableAtLaunch(t *testing.T, c *ctlHarness) {
 	c.rl.Blackhole(true)
 	k := c.start("nohost", []string{"--lease", "120s", "--give-up", "3s"}, "true")
 	if code := k.wait(t); code != 255 {

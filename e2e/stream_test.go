@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// Scenario 4. 10 MB streamed through ssh arrive byte for byte as the job
+// 10 MB streamed through ssh arrive byte for byte as the job
 // wrote them, and stdout.log holds the same bytes.
 func TestStream10MBByteIdentical(t *testing.T) {
 	t.Parallel()

@@ -5,10 +5,9 @@ import (
 	"testing"
 )
 
-// Issue 15 (8): a live record said "survivors": null and a terminal one [].
-// Now the field is absent until the record is terminal, and then always a
-// list, even when the writer left it nil; Parse reads each form back as
-// Marshal writes it.
+// "survivors" is absent until the record is terminal, and then always a
+// list, even when the writer left it nil (never null, which would read as
+// "unknown"); Parse reads each form back as Marshal writes it.
 func TestSurvivorsForm(t *testing.T) {
 	for _, tc := range []struct {
 		state     string

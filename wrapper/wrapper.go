@@ -98,7 +98,7 @@ type Config struct {
 	// line does): Run then leaves its signal subscriptions in place instead
 	// of undoing them with signal.Stop, which waits for a round trip to the
 	// Go runtime's signal-mask thread for each of the five signals, between
-	// the final record and the exit of every run (issue #17). A signal that
+	// the final record and the exit of every run. A signal that
 	// arrives after the return is then ignored, not fatal: the run is over,
 	// and the exit code stays its own.
 	Exiting bool

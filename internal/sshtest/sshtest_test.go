@@ -191,10 +191,10 @@ func TestMissingSSHD(t *testing.T) {
 	}
 }
 
-// Issue 15, defect 10: on a machine without sshd, TestStoppedAfterCleanup
-// waited 30 s on a nil channel and failed. Re-run it in a child test process
-// with sshd's path pointed at nothing: it must skip (CI unset), with the
-// install hint, at once.
+// On a machine without sshd, TestStoppedAfterCleanup skips at once (CI
+// unset) with the install hint, rather than waiting on a server that never
+// started. Re-run in a child test process with sshd's path pointed at
+// nothing.
 func TestStoppedAfterCleanupWithoutSSHD(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
