@@ -147,7 +147,8 @@ func logLevelOpts(rsh []string) []string {
 const sshNoArgFlags = "46AaCfGgKkMNnqsTtVvXxYy"
 
 // Compiled on first use: every agent-wrap command, a wrapper too, would
-// otherwise compile them at start (see "Memory" in bench/cmd/awbench/host.md).
+// otherwise compile them at start, the largest package init on the run
+// path (about 0.2 ms and 84 allocations).
 var (
 	quietGroup = sync.OnceValue(func() *regexp.Regexp {
 		return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*q[` + sshNoArgFlags + `]*$`)

@@ -101,7 +101,8 @@ const (
 // is in the copy. So the job pays for one inotify event per wake-up of the
 // follower, not one per write(2): with a watch in place every write makes
 // the kernel allocate and merge an event, about 3% of a job that writes
-// 1 GiB in 8 KiB writes (perf, see bench/cmd/awbench/findings.md).
+// 1 GiB in 8 KiB writes (perf record -g: fsnotify's share of the job's own
+// samples).
 func follow(f *os.File, w io.Writer, done <-chan struct{}, wake int, watchAfter, backstop time.Duration) error {
 	watch := rundir.WatchWrites(f, watchAfter)
 	defer watch.Close()

@@ -10,8 +10,7 @@
 // goroutine's stack several times: in a wrapper streaming 100 MB, perf
 // record -e page-faults found 16 of the 121 file windows it faulted in first
 // faulted by those walks, 5 of 109 with this package; the wrapper's peak
-// RssFile went from 7528 to 6944 kB (medians of 5; see "Memory" in
-// bench/cmd/awbench/host.md). Grown once, here, while the stack holds two
+// RssFile went from 7528 to 6944 kB (medians of 5). Grown once, here, while the stack holds two
 // frames, the walk reads two functions' tables. The 64 KiB are address
 // space until used: only the pages the program writes become resident, as
 // they would after the doublings.

@@ -17,7 +17,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
-// controllerFigure: `agent-wrap ssh` (issue 13) against plain ssh, through a
+// controllerFigure: `agent-wrap ssh` against plain ssh, through a
 // throwaway sshd on 127.0.0.1 (internal/sshtest) and one shared
 // ControlMaster, all in one run:
 //   - a run of `true` through the controller against `ssh DEST agent-wrap

@@ -1,7 +1,6 @@
 package main
 
 import (
-	_ "embed"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,7 +12,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// The floor figures (issue #17): agent-wrap against a program that does only
+// The floor figures: agent-wrap against a program that does only
 // the file work the contract needs around one job (bench/cmd/awfloor, built
 // by `make bench` beside awbench), sampled in the same rounds as setsid and
 // tini, so each figure is reported against all three.
@@ -180,7 +179,7 @@ func (r *runner) floorCancelOnce(fl, root string, ph *phases) (float64, error) {
 }
 
 // floorWatchdog is the watchdog figure's hook: at 10,000 runs, the scan
-// against reading every status.json, at the tighter target of issue #17.
+// against reading every status.json, at the floor's tighter target (1.3×).
 func (r *runner) floorWatchdog(n int, w, b float64) {
 	if n != 10000 {
 		return
@@ -194,7 +193,7 @@ func (r *runner) floorWatchdog(n int, w, b float64) {
 	})
 }
 
-const floorMethods = `- **floor** (issue #17): ` + "`bin/awfloor ROOT ID CMD`" + ` (bench/cmd/awfloor) does only the
+const floorMethods = `- **floor**: ` + "`bin/awfloor ROOT ID CMD`" + ` (bench/cmd/awfloor) does only the
   file work the contract needs around one job: mkdir, events.jsonl kept open
   (a chained line per step), stdout.log and stderr.log, pid and pgid, and
   ` + "`starting`" + `, ` + "`running`" + ` and a final record, each a temp file fsynced and renamed,
@@ -208,9 +207,3 @@ const floorMethods = `- **floor** (issue #17): ` + "`bin/awfloor ROOT ID CMD`" +
   watchdog row at 10,000 runs is the watchdog figure's, against the tighter
   target.
 `
-
-// floorFindings is the hand-written analysis of the floor figures
-// (floor.md): the file work per run before and after, and what it cost.
-//
-//go:embed floor.md
-var floorFindings string

@@ -15,7 +15,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
-// ledgerFigure: the PostgreSQL ledger (issue 22) against the files ledger,
+// ledgerFigure: the PostgreSQL ledger against the files ledger,
 // in one run, through a throwaway sshd (internal/sshtest), one shared
 // ControlMaster, and a private PostgreSQL (internal/pgtest: its own
 // cluster on a unix socket, fsync off as in the tests; a production

@@ -12,7 +12,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// nestedFigure: nested runs (issue 24), an `agent-wrap ssh` inside a local
+// nestedFigure: nested runs, an `agent-wrap ssh` inside a local
 // run, through a throwaway sshd and one shared ControlMaster:
 //   - an outer run whose job is `agent-wrap ssh DEST -- true` (a handoff:
 //     registration, lease report, outcome report, three synced journal

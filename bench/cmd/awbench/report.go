@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	_ "embed"
 	"fmt"
 	"os"
 	"os/exec"
@@ -141,7 +140,7 @@ func (r *runner) report(command string, started time.Time) string {
 	if len(r.costRows) > 0 {
 		b.WriteString("\n## Building blocks, measured in the same run\n\n")
 		b.WriteString("What the figures above are made of on this machine, with the project's own\n")
-		b.WriteString("packages (bench/cmd/awbench/costs.go); the causes below are stated in these units.\n\n")
+		b.WriteString("packages (bench/cmd/awbench/costs.go); bench/NOTEBOOK.md states causes in these units.\n\n")
 		b.WriteString("| operation | median | samples |\n|---|---|---|\n")
 		for _, c := range r.costRows {
 			b.WriteString(c + "\n")
@@ -155,11 +154,7 @@ func (r *runner) report(command string, started time.Time) string {
 	for _, d := range r.details {
 		fmt.Fprintf(&b, "- %s\n", d)
 	}
-	if findings != "" {
-		b.WriteString("\n" + findings)
-	}
-	b.WriteString("\n" + floorFindings)
-	b.WriteString("\n" + hostFindings)
+	b.WriteString(reproduce())
 	return b.String()
 }
 
@@ -218,14 +213,36 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   has no ELF interpreter or dynamic section.
 `
 
-// findings is the hand-written analysis of the misses (findings.md), with
-// the evidence and the measured effect of the proposed core fixes.
-//
-//go:embed findings.md
-var findings string
-
-// hostFindings is the hand-written analysis of a host with many runs
-// (host.md): memory, authorize, list and watchdog, the scale figure.
-//
-//go:embed host.md
-var hostFindings string
+// reproduce is the report's last section: the commands that take the whole
+// report again, or one figure of it, and where the dated analysis of past
+// misses is kept (bench/NOTEBOOK.md, written by hand, not by this program).
+func reproduce() string {
+	var b strings.Builder
+	b.WriteString("\n## Reproducing the figures\n\n")
+	b.WriteString("As root, on Linux, from the top of the tree (`make deps` installs tini and\n")
+	b.WriteString("the rest of what the figures run):\n\n")
+	b.WriteString("```sh\n")
+	b.WriteString("make bench                  # every figure, written here\n")
+	b.WriteString("make bench BENCH_QUICK=1    # fewer samples and smaller sizes\n")
+	b.WriteString("```\n\n")
+	b.WriteString("One figure, printed instead of written here:\n\n")
+	b.WriteString("```sh\n")
+	b.WriteString("make build\n")
+	b.WriteString("go build -o bin/awbench ./bench/cmd/awbench\n")
+	b.WriteString("go build -trimpath -o bin/awfloor ./bench/cmd/awfloor   # the floor figures run it\n")
+	b.WriteString("bin/awbench -bin bin/agent-wrap -only startup,cancel -out -\n")
+	b.WriteString("```\n\n")
+	b.WriteString("`-only` takes any of: ")
+	for i, f := range figures {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("`" + f + "`")
+	}
+	b.WriteString(". `-compare BIN` samples a second\n")
+	b.WriteString("binary (a proposed fix) beside the first in the startup, cancel and lease\n")
+	b.WriteString("figures; `-keep` keeps the scratch run root.\n\n")
+	b.WriteString("How past misses were found and brought down, with the measurements of the\n")
+	b.WriteString("day, is the dated notebook [bench/NOTEBOOK.md](bench/NOTEBOOK.md).\n")
+	return b.String()
+}
