@@ -1,5 +1,5 @@
 #!/bin/sh
-# controller.sh: the controller loop of README.md's "Controller side", run by
+# controller.sh: the controller loop of docs/guide.md ("A controller loop"), run by
 # e2e/controller_test.go through a real ssh client and sshd.
 #
 # usage: controller.sh RUN_ID LEASE_SECONDS RENEW_FOR_SECONDS
