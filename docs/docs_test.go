@@ -8,6 +8,7 @@ import (
 	"context"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -99,5 +100,42 @@ func TestEveryCommandDocumented(t *testing.T) {
 		case inList && line == "":
 			inList = false
 		}
+	}
+}
+
+// README.md's code map names every package of the module (as `path`,
+// relative to the top of the tree), so a package added later is placed on
+// its side (host, controller, shared, tools) the day it is written.
+func TestCodeMapListsEveryPackage(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.Dir}}", "../...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, codeMap, ok := strings.Cut(string(readme), "\n## Code map\n")
+	if !ok {
+		t.Fatal("README.md has no \"## Code map\" section")
+	}
+	codeMap, _, _ = strings.Cut(codeMap, "\n## ")
+	n := 0
+	for _, dir := range strings.Fields(string(out)) {
+		rel, err := filepath.Rel(root, dir)
+		if err != nil || rel == "." {
+			continue
+		}
+		n++
+		if !strings.Contains(codeMap, "`"+filepath.ToSlash(rel)+"`") {
+			t.Errorf("README.md's code map does not name the package %s", rel)
+		}
+	}
+	if n < 20 {
+		t.Fatalf("go list found only %d packages", n)
 	}
 }
