@@ -231,7 +231,7 @@ func assertNothingSecret(t *testing.T, r runtest.Run, secrets ...string) {
 	}
 }
 
-// 1. Inside a run, ssh-add -l lists the key through the relay and a
+// Inside a run, ssh-add -l lists the key through the relay and a
 // BatchMode ssh login with it succeeds; ssh-add -D and adding a key are
 // refused; every request is one action event, with nothing secret.
 func TestScopedAgentLoginAndRefusals(t *testing.T) {
@@ -311,7 +311,7 @@ func TestScopedAgentLoginAndRefusals(t *testing.T) {
 	}
 }
 
-// 2. A process of the run hands its relay connection to a process outside
+// A process of the run hands its relay connection to a process outside
 // (SCM_RIGHTS). While the run lives the descriptor works (the relay asks
 // about the process that connected); after a cancel, and separately after
 // the lease passes, a request on it fails and the socket path is gone.
@@ -366,7 +366,7 @@ func TestHandedOffConnectionDiesWithTheRun(t *testing.T) {
 	}
 }
 
-// 3. A same-user process outside the run (a shell of the user, and a job
+// A same-user process outside the run (a shell of the user, and a job
 // of another run) connecting to the socket while the run lives is refused,
 // and the refusal is journaled with its PID.
 func TestOutsiderRefused(t *testing.T) {
@@ -420,7 +420,7 @@ func authorize(t *testing.T, root string, args ...string) (int, authority.Decisi
 // long as the grace lasts: the window in which authority must be refused.
 const stubborn = `trap '' TERM; sleep 300 & while :; do wait; done`
 
-// 4. authorize: accepted for a job's process while the run lives; refused
+// authorize: accepted for a job's process while the run lives; refused
 // after the lease passed and after a cancel; 66 for a process of no run,
 // with nothing journaled.
 func TestAuthorize(t *testing.T) {
@@ -480,7 +480,7 @@ func journals(t *testing.T, root string) string {
 	return b.String()
 }
 
-// 4b. 200 authorize attempts racing a lease expiry leave no accepted
+// 200 authorize attempts racing a lease expiry leave no accepted
 // action after deadline_expired in the journal, and every answer printed
 // is the one journaled under its seq.
 func TestAuthorizeRacingExpiry(t *testing.T) {
@@ -567,7 +567,7 @@ func TestAuthorizeRacingExpiry(t *testing.T) {
 	}
 }
 
-// 5. --agent inherit passes SSH_AUTH_SOCK on untouched (journaled once);
+// --agent inherit passes SSH_AUTH_SOCK on untouched (journaled once);
 // --agent none removes it; a run with no SSH_AUTH_SOCK gets no relay. Every
 // job gets AGENT_WRAP_RUN_ID.
 func TestAgentModes(t *testing.T) {
@@ -631,7 +631,7 @@ func count(ss []string, s string) int {
 	return n
 }
 
-// 6. The worked example: examples/git-credential-agent-wrap hands a token
+// The worked example: examples/git-credential-agent-wrap hands a token
 // to git inside a live run, refuses it to a process the cancelled run left
 // behind, and to a shell of the user outside any run.
 func TestExampleGitCredentialHelper(t *testing.T) {

@@ -153,10 +153,10 @@ func wantHandoffStoppedFirst(t *testing.T, outer *harness, outerID string, inner
 	}
 }
 
-// 1. Cancel the outer run: the inner run on B is cancelled and confirmed
+// Cancel the outer run: the inner run on B is cancelled and confirmed
 // before the outer run signals its own group, and the outer's final record
 // names it, cancelled.
-func TestNested1CancelOuterStopsInnerFirst(t *testing.T) {
+func TestNestedCancelOuterStopsInnerFirst(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	a := c.level(t)
@@ -223,13 +223,13 @@ func TestNested1CancelOuterStopsInnerFirst(t *testing.T) {
 	}
 }
 
-// 2. The outer wrapper SIGKILLed (by its recorded PID): the inner
+// The outer wrapper SIGKILLed (by its recorded PID): the inner
 // controller, unable to ask it, stops renewing; then the rest of A is
 // SIGKILLed too (the job's group, the inner controller). The inner run on
 // B stops no later than the outer deadline plus the inner grace, because
 // its lease was capped at the outer run's time left. settle on A's ledger
 // says so. The outer lease passing is the subject here, so it is short.
-func TestNested2OuterKilledInnerEndsByOuterDeadline(t *testing.T) {
+func TestNestedOuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	a := c.level(t)
@@ -298,10 +298,10 @@ func TestNested2OuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	}
 }
 
-// 3. The inner controller's connection to B blackholed: the outer run ends
+// The inner controller's connection to B blackholed: the outer run ends
 // on time (handoff grace, then its own stop), its record names the handoff
 // unknown with the inner lease end, and B's job stops by then.
-func TestNested3BlackholedInnerUnknownWithLeaseEnd(t *testing.T) {
+func TestNestedBlackholedInnerUnknownWithLeaseEnd(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	a := c.level(t)
@@ -347,9 +347,9 @@ func TestNested3BlackholedInnerUnknownWithLeaseEnd(t *testing.T) {
 	}
 }
 
-// 4. Three levels, A → B → C: cancelling A stops all three, innermost
+// Three levels, A → B → C: cancelling A stops all three, innermost
 // first, and each record names its child.
-func TestNested4ThreeLevelsInnermostFirst(t *testing.T) {
+func TestNestedThreeLevelsInnermostFirst(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t) // B: the sshd with c.root
 	a := c.level(t)

@@ -48,7 +48,7 @@ func writeScript(t *testing.T, name, body string) string {
 	return p
 }
 
-// 1. curl and Python's urllib, through the TCP base and the unix socket:
+// curl and Python's urllib, through the TCP base and the unix socket:
 // the upstream sees the Bearer token; the job's environment, argv, run
 // directory and journal hold no byte of it; an env: variable is gone from
 // the job's environment.
@@ -123,7 +123,7 @@ cat /proc/$$/cmdline | tr '\0' ' '
 	}
 }
 
-// 4. A same-user process outside the run, with the port from status.json,
+// A same-user process outside the run, with the port from status.json,
 // is refused (403, journaled) and the upstream sees nothing; so is another
 // user.
 func TestOutsiderRefused(t *testing.T) {
@@ -190,7 +190,7 @@ func TestOutsiderRefused(t *testing.T) {
 	c.Wait(t)
 }
 
-// 5. Outside the prefix (raw .., %2e%2e, %2f), a method not allowed and an
+// Outside the prefix (raw .., %2e%2e, %2f), a method not allowed and an
 // Upgrade are refused and never reach the upstream; a redirect to another
 // host is passed to the client, not followed; one inside the prefix is
 // rewritten to the gateway.
@@ -276,7 +276,7 @@ while True:
     time.sleep(0.05)
 `
 
-// 3. An orphan that kept the URL (it ignores TERM and left the session):
+// An orphan that kept the URL (it ignores TERM and left the session):
 // after a cancel, and separately after the lease passes, its connects are
 // refused and the upstream sees nothing more; the request in flight at that
 // moment (a slow response) is cut and listed in authority_revoked.cut.
@@ -423,7 +423,7 @@ ts = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
 print(dict(got))
 `
 
-// 6. Requests racing a lease's end: no accepted action is journaled after
+// Requests racing a lease's end: no accepted action is journaled after
 // deadline_expired, and every accepted one has its action_end.
 func TestRequestsRacingLeaseEnd(t *testing.T) {
 	up := newUpstream(t, nil)
@@ -511,7 +511,7 @@ for pid in map(int, sys.argv[1:]):
     print(pid, "mem=" + mem, "environ=" + env, "ptrace=" + pt)
 `
 
-// 7. A process of the same user (not root: root's CAP_SYS_PTRACE passes
+// A process of the same user (not root: root's CAP_SYS_PTRACE passes
 // over non-dumpable) can neither read the wrapper's memory or environment
 // nor attach to it, while it can do all three to the job the wrapper
 // started; the secret is in no file under the run root.
@@ -601,7 +601,7 @@ func mustCopyBytes(t *testing.T, b []byte, to string, mode os.FileMode) {
 	}
 }
 
-// 2. Real git over smart HTTP: `git http-backend` behind net/http/cgi and
+// Real git over smart HTTP: `git http-backend` behind net/http/cgi and
 // Basic auth ({basic}), through the gateway. A gateway that allows
 // GET,POST clones and pushes; one left at the default (GET,HEAD) is
 // refused at the first POST, and the upstream repository is unchanged.
