@@ -129,7 +129,14 @@ func TestReadmeRuns(t *testing.T) {
 	defer unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 	cmd := exec.Command("bash", "-c", script.String())
-	cmd.Env = append(os.Environ(), "AGENT_WRAP_ROOT="+root)
+	// A reader's shell: no make of ours around it (under make test, its
+	// MAKEFLAGS would name a jobserver this shell does not have).
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != "MAKEFLAGS" && k != "MFLAGS" && k != "MAKELEVEL" && k != "AGENT_WRAP_ROOT" {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "AGENT_WRAP_ROOT="+root)
 	out, err := cmd.CombinedOutput()
 	t.Logf("README.md's blocks:\n%s", out)
 	if err != nil {
