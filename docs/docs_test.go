@@ -1,6 +1,7 @@
-// Package docs holds the project's reference documents; its test keeps them
-// honest: no link leaves the repository or points at nothing, and every
-// command agent-wrap registers is documented here.
+// Package docs holds the project's reference documents; its tests keep them
+// honest: no link leaves the repository or points at nothing, every command
+// agent-wrap registers is documented here, README.md's code map names every
+// package, and README.md's shell blocks run as written.
 package docs
 
 import (
