@@ -476,7 +476,7 @@ func (m *mux) beingStarted(slot int) bool {
 		return false
 	}
 	pid, start, ok := readPIDFile(p)
-	if !ok || !sameProcess(pid, start) || time.Since(fi.ModTime()) > 2*time.Minute {
+	if !ok || !proc.Alive(pid, start) || time.Since(fi.ModTime()) > 2*time.Minute {
 		os.Remove(p) // of a controller that died while it started one
 		return false
 	}
@@ -636,27 +636,23 @@ func readPIDFile(path string) (pid int, start uint64, ok bool) {
 	}
 	pid, err1 := strconv.Atoi(f[0])
 	start, err2 := strconv.ParseUint(f[1], 10, 64)
-	return pid, start, err1 == nil && err2 == nil && pid > 0
+	// A file without a start time names no one process: proc.Alive would
+	// take any process at the PID for it, and a lingering master is killed
+	// on that answer.
+	return pid, start, err1 == nil && err2 == nil && pid > 0 && start > 0
 }
 
-// sameProcess reports whether pid is alive and still the process that
-// started at start.
 // killLingeringByLooking is killLingering where no pidfd can hold the
 // process: it looks every 10 ms, and checks its start time again just
 // before the signal (the window between the two is left).
 func killLingeringByLooking(pid int, start uint64, within time.Duration) {
 	deadline := time.Now().Add(within)
-	for sameProcess(pid, start) && time.Now().Before(deadline) {
+	for proc.Alive(pid, start) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if sameProcess(pid, start) {
+	if proc.Alive(pid, start) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-}
-
-func sameProcess(pid int, start uint64) bool {
-	st, err := proc.ReadStat(pid)
-	return err == nil && !st.Dead() && st.Start == start
 }
 
 // sockAlive reports whether a master listens on the socket at path: false
@@ -751,7 +747,7 @@ func RecordedMasters(dir string) []RecordedMaster {
 	names, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
 	var out []RecordedMaster
 	for _, n := range names {
-		if pid, start, ok := readPIDFile(n); ok && sameProcess(pid, start) {
+		if pid, start, ok := readPIDFile(n); ok && proc.Alive(pid, start) {
 			out = append(out, RecordedMaster{Socket: strings.TrimSuffix(n, ".pid"), PID: pid, Start: start})
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // Issue 13's tests of `agent-wrap ssh`, numbered as in the issue, then the
@@ -297,7 +298,7 @@ func TestSSH7TwoControllersOneCancelled(t *testing.T) {
 	}
 	c.treeGone("two-a")
 	for _, m := range bMembers {
-		if !alive(m.pid, m.start) {
+		if !proc.Alive(m.pid, m.start) {
 			t.Errorf("b's member %d died with a's cancel", m.pid)
 		}
 	}
@@ -426,10 +427,7 @@ func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
 			t.Errorf("%s: settled by a controller that was killed: %+v", m.id, r)
 		}
 		for _, pid := range clients {
-			eventually(t, "the killed controller's ssh client to die", func() bool {
-				st, ok := readStat(pid)
-				return !ok || st.dead()
-			})
+			eventually(t, "the killed controller's ssh client to die", func() bool { return !proc.Alive(pid, 0) })
 		}
 		c.waitTerminal(m.id)
 		if code, out := c.settle(m.id); code != 0 {
