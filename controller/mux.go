@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/flock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -574,7 +575,7 @@ func (m *mux) acquire() error {
 			return err
 		}
 		// Blocking: an exclusive holder only stops the masters, briefly.
-		if err := flockRetry(f, syscall.LOCK_SH); err != nil {
+		if err := flock.Lock(int(f.Fd()), syscall.LOCK_SH); err != nil {
 			f.Close()
 			return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
 		}
@@ -675,38 +676,16 @@ func lockFile(ctx context.Context, path string, how int) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	// Polled (a blocking flock cannot end with ctx), from 2 ms doubling to
-	// 50 ms: a burst of callers waiting must not burn the machine's CPU.
-	wait := 2 * time.Millisecond
-	for {
-		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
+	// Polled (a blocking flock cannot end with ctx), up to every 50 ms: a
+	// burst of callers waiting must not burn the machine's CPU.
+	if err := flock.Poll(ctx, int(f.Fd()), how, 50*time.Millisecond); err != nil {
+		f.Close()
+		if err == ctx.Err() {
+			return nil, err
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, &os.PathError{Op: "flock", Path: path, Err: err}
-		}
-		t := time.NewTimer(wait)
-		wait = min(2*wait, 50*time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			f.Close()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
+		return nil, &os.PathError{Op: "flock", Path: path, Err: err}
 	}
-}
-
-// flockRetry is a blocking flock that retries on EINTR.
-func flockRetry(f *os.File, how int) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), how)
-		if !errors.Is(err, syscall.EINTR) {
-			return err
-		}
-	}
+	return func() { f.Close() }, nil
 }
 
 // privateDir makes sure dir is a directory of ours that nobody else can
