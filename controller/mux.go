@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/flock"
+	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -148,7 +149,7 @@ func (h *host) useMux(dir string) (bool, error) {
 	if !isSSH(h.rsh) || setsControl(h.rsh, h.dest) || setsJump(h.rsh) {
 		return false, nil
 	}
-	if err := privateDir(dir); err != nil {
+	if err := privsock.Dir(dir); err != nil { // the masters' sockets let anyone who can reach them run commands as the user on the destination
 		return false, fmt.Errorf("%w: the ControlMaster socket directory: %w", ErrMux, err)
 	}
 	base := filepath.Join(dir, hashWords(append(append([]string{}, h.rsh...), "\x00", h.dest)))
@@ -686,29 +687,6 @@ func lockFile(ctx context.Context, path string, how int) (func(), error) {
 		return nil, &os.PathError{Op: "flock", Path: path, Err: err}
 	}
 	return func() { f.Close() }, nil
-}
-
-// privateDir makes sure dir is a directory of ours that nobody else can
-// enter, creating it (mode 0700) if needed: the masters' sockets let anyone
-// who can reach them run commands as the user on the destination.
-func privateDir(dir string) error {
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("%s is a symlink or not a directory", dir)
-	case !ok || int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("%s is not owned by you", dir)
-	case fi.Mode().Perm()&0o077 != 0:
-		return fmt.Errorf("%s has mode %04o, open to group or others", dir, fi.Mode().Perm())
-	}
-	return nil
 }
 
 // RecordedMaster is a ControlMaster as a controller recorded it in the mux
