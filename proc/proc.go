@@ -6,7 +6,8 @@
 // identity of a process here is (PID, start time in clock ticks since boot,
 // boot ID): Identity is what a process must match, and Identity.Check
 // compares a live Stat with it. stop.Signal checks it through a pidfd before
-// it sends anything.
+// it sends anything. Alive is the one answer to "does the process recorded
+// as (PID, start) still run?", a zombie counting as dead.
 package proc
 
 import (
