@@ -300,8 +300,9 @@ func (c *conn) recheckCaller() string {
 	if c.caller.UID != os.Geteuid() {
 		return ReasonOtherUser
 	}
-	st, err := proc.ReadStat(c.caller.PID)
-	if err != nil || st.Dead() || st.Start != c.caller.Start {
+	// A caller whose start could not be read at connect time (0) is not
+	// one process: proc.Alive would take any process at its PID for it.
+	if c.caller.Start == 0 || !proc.Alive(c.caller.PID, c.caller.Start) {
 		return ReasonCallerGone
 	}
 	return ""

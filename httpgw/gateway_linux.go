@@ -326,8 +326,9 @@ func unixPeer(nc *net.UnixConn) Caller {
 // recheck returns a refusal unless the caller is still the process that
 // connected (same start time, not a zombie).
 func recheck(c Caller) string {
-	st, err := proc.ReadStat(c.PID)
-	if err != nil || st.Dead() || st.Start != c.Start {
+	// A caller whose start could not be read at connect time (0) is not
+	// one process: proc.Alive would take any process at its PID for it.
+	if c.Start == 0 || !proc.Alive(c.PID, c.Start) {
 		return ReasonCallerGone
 	}
 	return ""
