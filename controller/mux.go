@@ -149,7 +149,9 @@ func (h *host) useMux(dir string) (bool, error) {
 	if !isSSH(h.rsh) || setsControl(h.rsh, h.dest) || setsJump(h.rsh) {
 		return false, nil
 	}
-	if err := privsock.Dir(dir); err != nil { // the masters' sockets let anyone who can reach them run commands as the user on the destination
+	// The masters' sockets let anyone who can reach them run commands as
+	// the user on the destination: their directory is private.
+	if err := privsock.Dir(dir); err != nil {
 		return false, fmt.Errorf("%w: the ControlMaster socket directory: %w", ErrMux, err)
 	}
 	base := filepath.Join(dir, hashWords(append(append([]string{}, h.rsh...), "\x00", h.dest)))
