@@ -9,12 +9,8 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/agent-wrap/agent-wrap/internal/privsock"
 )
-
-// MaxSocketPath is the longest path a unix socket address holds on Linux:
-// sun_path is 108 bytes, one of them the terminating NUL.
-const MaxSocketPath = 107
 
 // SocketName is the relay's socket in a run directory.
 const SocketName = "agent.sock"
@@ -34,7 +30,7 @@ func SocketPath(runDir string, getenv func(string) string) (string, error) {
 // and name, so two sockets of one run never share it.
 func SocketPathNamed(runDir, name string, getenv func(string) string) (string, error) {
 	p := filepath.Join(runDir, name)
-	if len(p) <= MaxSocketPath {
+	if len(p) <= privsock.MaxPath {
 		return p, nil
 	}
 	seed := runDir
@@ -51,10 +47,10 @@ func SocketPathNamed(runDir, name string, getenv func(string) string) (string, e
 	var firstErr error
 	for _, dir := range dirs {
 		p := filepath.Join(dir, short)
-		if len(p) > MaxSocketPath {
+		if len(p) > privsock.MaxPath {
 			continue
 		}
-		err := privateDir(dir)
+		err := privsock.Dir(dir)
 		if err == nil {
 			return p, nil
 		}
@@ -66,25 +62,4 @@ func SocketPathNamed(runDir, name string, getenv func(string) string) (string, e
 		firstErr = fmt.Errorf("no directory short enough for a socket path")
 	}
 	return "", fmt.Errorf("socket %s for %s: %w", name, runDir, firstErr)
-}
-
-// privateDir makes sure dir is a directory of ours that nobody else can
-// enter, creating it if needed.
-func privateDir(dir string) error {
-	if err := unix.Mkdir(dir, 0o700); err != nil && err != unix.EEXIST {
-		return &os.PathError{Op: "mkdir", Path: dir, Err: err}
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: dir, Err: err}
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return fmt.Errorf("%s is a symlink or not a directory", dir)
-	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("%s is owned by uid %d, not by you", dir, st.Uid)
-	case st.Mode&0o077 != 0:
-		return fmt.Errorf("%s has mode %04o, open to group or others", dir, st.Mode&0o7777)
-	}
-	return nil
 }

@@ -45,6 +45,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -141,33 +142,14 @@ func Listen(path, upstream string, check Check) (*Relay, error) {
 	if check == nil {
 		return nil, errors.New("agentrelay: no check")
 	}
-	if len(path) > MaxSocketPath {
-		return nil, fmt.Errorf("agentrelay: socket path %s is %d bytes, longer than a socket address holds (%d)", path, len(path), MaxSocketPath)
-	}
-	removeStaleSocket(path)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := privsock.Listen(path) // Revoke removes it, and says so
 	if err != nil {
-		return nil, fmt.Errorf("agentrelay: %w", err)
-	}
-	ln.SetUnlinkOnClose(false) // Revoke removes it, and says so
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		os.Remove(path)
 		return nil, fmt.Errorf("agentrelay: %w", err)
 	}
 	r := &Relay{path: path, upstream: upstream, check: check, ln: ln, conns: map[*conn]struct{}{}}
 	r.wg.Add(1)
 	go r.accept()
 	return r, nil
-}
-
-// removeStaleSocket removes a socket left at path by a relay that died
-// without revoking (never anything but a socket).
-func removeStaleSocket(path string) {
-	var st unix.Stat_t
-	if unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
-		_ = unix.Unlink(path)
-	}
 }
 
 // Path is the socket's path, the job's SSH_AUTH_SOCK.
@@ -318,8 +300,9 @@ func (c *conn) recheckCaller() string {
 	if c.caller.UID != os.Geteuid() {
 		return ReasonOtherUser
 	}
-	st, err := proc.ReadStat(c.caller.PID)
-	if err != nil || st.Dead() || st.Start != c.caller.Start {
+	// A caller whose start could not be read at connect time (0) is not
+	// one process: proc.Alive would take any process at its PID for it.
+	if c.caller.Start == 0 || !proc.Alive(c.caller.PID, c.caller.Start) {
 		return ReasonCallerGone
 	}
 	return ""

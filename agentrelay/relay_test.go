@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/internal/agenttest"
+	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -385,7 +386,7 @@ func TestSocketPath(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(p) > MaxSocketPath || !strings.HasPrefix(p, c.want) {
+			if len(p) > privsock.MaxPath || !strings.HasPrefix(p, c.want) {
 				t.Fatalf("path %q (%d bytes), want under %s", p, len(p), c.want)
 			}
 			if again, _ := SocketPath(c.dir, env(c.env)); again != p {

@@ -333,12 +333,7 @@ func (p *player) checkReconcile(idx int, r *runState, ps []proc.Stat) string {
 		return ""
 	}
 	p.logf("run %d: reconcile says %s (%s)", idx, v.Outcome, v.Reason)
-	wrapperAlive := false
-	if r.wrapper.PID > 1 {
-		if st, err := proc.ReadStat(r.wrapper.PID); err == nil && st.Start == r.wrapper.Start && !st.Dead() {
-			wrapperAlive = true
-		}
-	}
+	wrapperAlive := r.wrapper.PID > 1 && r.wrapper.Start != 0 && proc.Alive(r.wrapper.PID, r.wrapper.Start)
 	switch {
 	case v.Outcome == "running" && len(ps) == 0 && !wrapperAlive:
 		p.violate(CheckReconcile, idx, "reconcile says running (%s) but no process of the run and no wrapper is alive", v.Reason)

@@ -123,7 +123,7 @@ func TestCgroupCatchesUnrecordedEscape(t *testing.T) {
 		t.Fatalf("cancel: exit %d\n%s%s", code, out, stderr)
 	}
 	r.AssertGroupEmpty(t)
-	if runtest.AliveAs(esc.PID, esc.Start) {
+	if proc.Alive(esc.PID, esc.Start) {
 		t.Fatalf("the escape %d outside the group and the record survived", esc.PID)
 	}
 	found := false

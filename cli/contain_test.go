@@ -66,7 +66,7 @@ func waitEscapes(t *testing.T, r runtest.Run) []statusfile.Escaped {
 func assertDead(t *testing.T, esc []statusfile.Escaped) {
 	t.Helper()
 	for _, e := range esc {
-		if runtest.AliveAs(e.PID, e.Start) {
+		if proc.Alive(e.PID, e.Start) {
 			t.Fatalf("escaped pid %d (%v) survived", e.PID, e.Argv)
 		}
 	}
@@ -125,7 +125,7 @@ func TestCancelStopsEscapesAfterWrapperDied(t *testing.T) {
 	unix.Kill(rec.WrapperPID, unix.SIGKILL)
 	c.Wait(t)
 	for _, e := range esc {
-		if !runtest.AliveAs(e.PID, e.Start) {
+		if !proc.Alive(e.PID, e.Start) {
 			t.Fatalf("escaped %d died with the wrapper; the test proves nothing", e.PID)
 		}
 	}
@@ -200,7 +200,7 @@ func TestForkingJobStoppedCanaryUntouched(t *testing.T) {
 	if got := r.MustStatus(t).Survivors; len(got) != 0 {
 		t.Fatalf("survivors %v", got)
 	}
-	if !runtest.AliveAs(cst.PID, cst.Start) {
+	if !proc.Alive(cst.PID, cst.Start) {
 		t.Fatal("the canary outside the run was killed")
 	}
 }

@@ -87,7 +87,7 @@ func TestDetachWaitLogsFollow(t *testing.T) {
 		if strings.Join(fds, ",") != "0,1,2" {
 			t.Errorf("job fds %v, want 0,1,2", fds)
 		}
-	} else if runtest.Alive(rec.PID) {
+	} else if proc.Alive(rec.PID, 0) {
 		t.Error(err)
 	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", rec.PID)); err == nil {
@@ -151,7 +151,7 @@ func TestWaitTimeoutThenCancel(t *testing.T) {
 		t.Fatalf("wait --timeout: exit %d, stderr %q; want 75, still running", code, errOut)
 	}
 	rec := r.MustStatus(t)
-	if !runtest.Alive(rec.PID) {
+	if !proc.Alive(rec.PID, 0) {
 		t.Fatal("wait --timeout must leave the run alone")
 	}
 	w := runtest.Start(t, root, "wait", "slow")

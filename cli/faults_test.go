@@ -407,7 +407,7 @@ func TestTornRecordAndJournalStillStops(t *testing.T) {
 		t.Fatalf("watchdog's reason: %q; want the wrapper found alive and not acting, and the record rebuilt", a.Reason)
 	}
 	assertStopped(t, rec)
-	if !runtest.Within(runtest.Patience, func() bool { return !runtest.AliveAs(esc, escSt.Start) }) {
+	if !runtest.Within(runtest.Patience, func() bool { return !proc.Alive(esc, escSt.Start) }) {
 		t.Fatalf("the child that left the session by setsid (%d) outlived the watchdog's stop", esc)
 	}
 	got := r.MustStatus(t)

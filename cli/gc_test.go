@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -95,7 +96,7 @@ func TestGCKeepsLiveAndUnknown(t *testing.T) {
 	if !strings.Contains(errOut, "kept lost: outcome unknown") {
 		t.Errorf("gc does not say it kept the unknown run:\n%s", errOut)
 	}
-	if rec := live.MustStatus(t); !runtest.Alive(rec.PID) {
+	if rec := live.MustStatus(t); !proc.Alive(rec.PID, 0) {
 		t.Errorf("gc disturbed the live run")
 	}
 	// The recent run goes once it is old enough.

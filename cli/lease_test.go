@@ -78,7 +78,7 @@ func TestLeaseRenewThenExpire(t *testing.T) {
 			prev = dl
 		}
 	}
-	if c.Exited() || !runtest.Alive(rec.PID) {
+	if c.Exited() || !proc.Alive(rec.PID, 0) {
 		t.Fatalf("run stopped although renewed: %v", r.Status())
 	}
 	if seqOf(r.Journal(t), "lease_renewed") < 0 {
@@ -248,7 +248,7 @@ func TestPIDReuseLeftAlone(t *testing.T) {
 		t.Errorf("watchdog did not say why it left pid %d alone: exit %d %s", st.PID, code, out)
 	}
 	for _, p := range before {
-		if !runtest.AliveAs(p.PID, p.Start) {
+		if !proc.Alive(p.PID, p.Start) {
 			t.Fatalf("unrelated process %d was killed", p.PID)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
@@ -239,7 +240,7 @@ func TestReconcileBootChanged(t *testing.T) {
 	if !v.Evidence.BootChanged || len(v.Evidence.Members) != 0 {
 		t.Fatalf("evidence: boot_changed %v, members %v", v.Evidence.BootChanged, v.Evidence.Members)
 	}
-	if !runtest.Alive(rec.PID) {
+	if !proc.Alive(rec.PID, 0) {
 		t.Fatalf("the job %d should still run: reconcile must not touch it", rec.PID)
 	}
 }

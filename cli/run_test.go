@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -55,7 +56,7 @@ func TestRunTermWrapperStopsGroup(t *testing.T) {
 		gc = readPID(gcFile)
 		return gc > 0
 	})
-	if !runtest.Alive(gc) || !runtest.Alive(rec.PID) {
+	if !proc.Alive(gc, 0) || !proc.Alive(rec.PID, 0) {
 		t.Fatalf("job %d or grandchild %d not running before the stop", rec.PID, gc)
 	}
 	if err := unix.Kill(rec.WrapperPID, unix.SIGTERM); err != nil {
@@ -65,7 +66,7 @@ func TestRunTermWrapperStopsGroup(t *testing.T) {
 		t.Fatalf("exit %d, want 143\n%s", code, c.Stderr.String())
 	}
 	r.AssertGroupEmpty(t)
-	if runtest.Alive(gc) {
+	if proc.Alive(gc, 0) {
 		t.Fatalf("grandchild %d survived", gc)
 	}
 	rec = r.MustStatus(t)
@@ -145,7 +146,7 @@ func TestRunStopOneLeavesOther(t *testing.T) {
 	}
 	a.AssertGroupEmpty(t)
 	for _, p := range before {
-		if !runtest.AliveAs(p.PID, p.Start) {
+		if !proc.Alive(p.PID, p.Start) {
 			t.Fatalf("b's process %d died when a was stopped", p.PID)
 		}
 	}
@@ -411,7 +412,7 @@ func TestRunSignalCauses(t *testing.T) {
 	runtest.Eventually(t, "hangup_ignored in the journal", func() bool {
 		return strings.Contains(r.File("events.jsonl"), `"event":"hangup_ignored"`)
 	})
-	if c.Exited() || !runtest.AliveAs(rec.PID, rec.LeaderStart) {
+	if c.Exited() || !proc.Alive(rec.PID, rec.LeaderStart) {
 		t.Fatal("the job did not survive an ignored hangup")
 	}
 	unix.Kill(rec.WrapperPID, unix.SIGTERM)

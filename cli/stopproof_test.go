@@ -291,7 +291,7 @@ func TestOutsideStopWithoutCgroupClaimsNothing(t *testing.T) {
 					t.Fatalf("watchdog: exit %d: %s%s", code, out, stderr)
 				}
 			}
-			if !runtest.AliveAs(esc.PID, esc.Start) {
+			if !proc.Alive(esc.PID, esc.Start) {
 				t.Fatalf("the escapee %d died: the test shows nothing", esc.PID)
 			}
 			if live := runtest.GroupOf(rec.PGID, rec.LeaderStart); len(live) > 0 {

@@ -126,7 +126,7 @@ func TestClientGroupKilledWhileClientRuns(t *testing.T) {
 	runtest.Eventually(t, "the client's group to be empty", func() bool {
 		return len(runtest.GroupOf(leader.PID, leader.Start)) == 0
 	})
-	if runtest.AliveAs(member.PID, member.Start) {
+	if proc.Alive(member.PID, member.Start) {
 		t.Fatalf("member %d survived", member.PID)
 	}
 }
@@ -177,7 +177,7 @@ func TestClientGroupKillsSSHAndProxyCommand(t *testing.T) {
 		return len(runtest.GroupOf(leader.PID, leader.Start)) == 0
 	})
 	for _, m := range members {
-		if runtest.AliveAs(m.PID, m.Start) {
+		if proc.Alive(m.PID, m.Start) {
 			t.Fatalf("pid %d of the group survived", m.PID)
 		}
 	}
@@ -222,7 +222,7 @@ func TestClientGroupNotSignalledAfterReap(t *testing.T) {
 	case <-time.After(runtest.Patience):
 		t.Fatal("the context's end never reached the group's kill")
 	}
-	if !runtest.AliveAs(members[0].PID, members[0].Start) {
+	if !proc.Alive(members[0].PID, members[0].Start) {
 		t.Fatalf("member %d of group %d died at the cancel", members[0].PID, leader.PID)
 	}
 	// O_NONBLOCK: ENXIO, not a hang, if the member is no longer there to read.
@@ -257,7 +257,7 @@ func TestClientGroupBlindKillsClientOnly(t *testing.T) {
 	if s := killedAtCancel(t, g); s {
 		t.Fatal("a client whose exit could not be watched had its group signalled by number")
 	}
-	if !runtest.AliveAs(member.PID, member.Start) || member.PGID != leader.PID {
+	if !proc.Alive(member.PID, member.Start) || member.PGID != leader.PID {
 		t.Fatalf("member %d (group %d) was killed: only the client was to be", member.PID, member.PGID)
 	}
 }

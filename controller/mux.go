@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/flock"
+	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -147,7 +149,9 @@ func (h *host) useMux(dir string) (bool, error) {
 	if !isSSH(h.rsh) || setsControl(h.rsh, h.dest) || setsJump(h.rsh) {
 		return false, nil
 	}
-	if err := privateDir(dir); err != nil {
+	// The masters' sockets let anyone who can reach them run commands as
+	// the user on the destination: their directory is private.
+	if err := privsock.Dir(dir); err != nil {
 		return false, fmt.Errorf("%w: the ControlMaster socket directory: %w", ErrMux, err)
 	}
 	base := filepath.Join(dir, hashWords(append(append([]string{}, h.rsh...), "\x00", h.dest)))
@@ -476,7 +480,7 @@ func (m *mux) beingStarted(slot int) bool {
 		return false
 	}
 	pid, start, ok := readPIDFile(p)
-	if !ok || !sameProcess(pid, start) || time.Since(fi.ModTime()) > 2*time.Minute {
+	if !ok || !proc.Alive(pid, start) || time.Since(fi.ModTime()) > 2*time.Minute {
 		os.Remove(p) // of a controller that died while it started one
 		return false
 	}
@@ -574,7 +578,7 @@ func (m *mux) acquire() error {
 			return err
 		}
 		// Blocking: an exclusive holder only stops the masters, briefly.
-		if err := flockRetry(f, syscall.LOCK_SH); err != nil {
+		if err := flock.Lock(int(f.Fd()), syscall.LOCK_SH); err != nil {
 			f.Close()
 			return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
 		}
@@ -636,27 +640,23 @@ func readPIDFile(path string) (pid int, start uint64, ok bool) {
 	}
 	pid, err1 := strconv.Atoi(f[0])
 	start, err2 := strconv.ParseUint(f[1], 10, 64)
-	return pid, start, err1 == nil && err2 == nil && pid > 0
+	// A file without a start time names no one process: proc.Alive would
+	// take any process at the PID for it, and a lingering master is killed
+	// on that answer.
+	return pid, start, err1 == nil && err2 == nil && pid > 0 && start > 0
 }
 
-// sameProcess reports whether pid is alive and still the process that
-// started at start.
 // killLingeringByLooking is killLingering where no pidfd can hold the
 // process: it looks every 10 ms, and checks its start time again just
 // before the signal (the window between the two is left).
 func killLingeringByLooking(pid int, start uint64, within time.Duration) {
 	deadline := time.Now().Add(within)
-	for sameProcess(pid, start) && time.Now().Before(deadline) {
+	for proc.Alive(pid, start) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if sameProcess(pid, start) {
+	if proc.Alive(pid, start) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-}
-
-func sameProcess(pid int, start uint64) bool {
-	st, err := proc.ReadStat(pid)
-	return err == nil && !st.Dead() && st.Start == start
 }
 
 // sockAlive reports whether a master listens on the socket at path: false
@@ -679,61 +679,16 @@ func lockFile(ctx context.Context, path string, how int) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	// Polled (a blocking flock cannot end with ctx), from 2 ms doubling to
-	// 50 ms: a burst of callers waiting must not burn the machine's CPU.
-	wait := 2 * time.Millisecond
-	for {
-		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
+	// Polled (a blocking flock cannot end with ctx), up to every 50 ms: a
+	// burst of callers waiting must not burn the machine's CPU.
+	if err := flock.Poll(ctx, int(f.Fd()), how, 50*time.Millisecond); err != nil {
+		f.Close()
+		if err == ctx.Err() {
+			return nil, err
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, &os.PathError{Op: "flock", Path: path, Err: err}
-		}
-		t := time.NewTimer(wait)
-		wait = min(2*wait, 50*time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			f.Close()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
+		return nil, &os.PathError{Op: "flock", Path: path, Err: err}
 	}
-}
-
-// flockRetry is a blocking flock that retries on EINTR.
-func flockRetry(f *os.File, how int) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), how)
-		if !errors.Is(err, syscall.EINTR) {
-			return err
-		}
-	}
-}
-
-// privateDir makes sure dir is a directory of ours that nobody else can
-// enter, creating it (mode 0700) if needed: the masters' sockets let anyone
-// who can reach them run commands as the user on the destination.
-func privateDir(dir string) error {
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("%s is a symlink or not a directory", dir)
-	case !ok || int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("%s is not owned by you", dir)
-	case fi.Mode().Perm()&0o077 != 0:
-		return fmt.Errorf("%s has mode %04o, open to group or others", dir, fi.Mode().Perm())
-	}
-	return nil
+	return func() { f.Close() }, nil
 }
 
 // RecordedMaster is a ControlMaster as a controller recorded it in the mux
@@ -751,7 +706,7 @@ func RecordedMasters(dir string) []RecordedMaster {
 	names, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
 	var out []RecordedMaster
 	for _, n := range names {
-		if pid, start, ok := readPIDFile(n); ok && sameProcess(pid, start) {
+		if pid, start, ok := readPIDFile(n); ok && proc.Alive(pid, start) {
 			out = append(out, RecordedMaster{Socket: strings.TrimSuffix(n, ".pid"), PID: pid, Start: start})
 		}
 	}

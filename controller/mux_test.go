@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -79,25 +78,6 @@ func TestMuxStandsAside(t *testing.T) {
 	}
 	if !setsJump([]string{"ssh", "-J", "bastion"}) || !setsJump([]string{"ssh", "-o", "ProxyJump=b"}) || setsJump([]string{"ssh", "-p", "2"}) {
 		t.Error("setsJump misjudged")
-	}
-}
-
-func TestPrivateDir(t *testing.T) {
-	d := filepath.Join(t.TempDir(), "mux")
-	if err := privateDir(d); err != nil {
-		t.Fatalf("a new directory: %v", err)
-	}
-	if fi, _ := os.Stat(d); fi.Mode().Perm() != 0o700 {
-		t.Errorf("mode %v, want 0700", fi.Mode().Perm())
-	}
-	os.Chmod(d, 0o750)
-	if err := privateDir(d); err == nil || !strings.Contains(err.Error(), "0750") {
-		t.Errorf("a group-readable directory: %v, want refused naming its mode", err)
-	}
-	l := filepath.Join(t.TempDir(), "link")
-	os.Symlink(d, l)
-	if err := privateDir(l); err == nil {
-		t.Error("a symlink was accepted")
 	}
 }
 

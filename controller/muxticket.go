@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/agent-wrap/agent-wrap/internal/flock"
 )
 
 // Session tickets (with mux.go): how many sessions each master carries,
@@ -161,7 +163,7 @@ func (m *mux) learnCap(t *ticket) {
 	}
 	defer d.Close() // the lock goes with it, after t
 	defer t.release()
-	if flockRetry(d, syscall.LOCK_EX) != nil {
+	if flock.Lock(int(d.Fd()), syscall.LOCK_EX) != nil {
 		return
 	}
 	n := m.heldTickets(t.slot, t)

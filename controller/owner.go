@@ -45,19 +45,6 @@ func Self() *ledger.Owner {
 	return self
 }
 
-// localAlive reports whether process pid of this machine runs, with start
-// time start when that is known (not a zombie).
-func localAlive(pid int, start uint64) bool {
-	if pid <= 0 {
-		return false
-	}
-	st, err := proc.ReadStat(pid)
-	if err != nil || st.State == 'Z' || st.State == 'X' {
-		return false
-	}
-	return start == 0 || st.Start == start
-}
-
 // ledgerTimeout bounds one ledger call; a call that takes longer counts as
 // a database away and is retried.
 const ledgerTimeout = 15 * time.Second
@@ -320,5 +307,5 @@ func (r *Run) Follow(ctx context.Context) int {
 // table and clock). Settle judges again under its claim, on the ledger's
 // clock.
 func OwnerGone(rec *ledger.Record) bool {
-	return ledger.OwnerGone(rec, Self(), time.Now(), localAlive)
+	return ledger.OwnerGone(rec, Self(), time.Now(), proc.Alive)
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/internal/flock"
 )
 
 // Renewals batched per destination: with agent-wrap's masters (mux.go),
@@ -127,7 +129,7 @@ func (b *renewBatch) post(path string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := flockRetry(f, syscall.LOCK_SH); err != nil {
+	if err := flock.Lock(int(f.Fd()), syscall.LOCK_SH); err != nil {
 		f.Close()
 		return nil, err
 	}

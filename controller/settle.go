@@ -9,6 +9,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // What Settle found, as settle's exit code gives it.
@@ -74,7 +75,7 @@ func Settle(ctx context.Context, l ledger.Store, id string, opt SettleOptions) (
 		return rec, SettleDone, ErrAlreadySettled
 	}
 	me := Self()
-	if !ledger.OwnerGone(rec, me, claim.Now, localAlive) {
+	if !ledger.OwnerGone(rec, me, claim.Now, proc.Alive) {
 		who := fmt.Sprintf("pid %d", rec.ControllerPID)
 		if rec.Controller != nil && !rec.Controller.SameMachine(me) {
 			who = fmt.Sprintf("%s, heartbeat %s ago", rec.Controller, claim.Now.Sub(rec.HeartbeatAt).Round(time.Second))

@@ -3,6 +3,8 @@ package e2e
 import (
 	"strings"
 	"testing"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // treeJob starts two children in the job's group, then waits for them.
@@ -44,7 +46,7 @@ func TestCancelOverSecondConnection(t *testing.T) {
 	wantFinal(t, final, "cancelled", "cancel", 143)
 	waitGroupEmpty(t, r.PGID)
 	for _, m := range members {
-		if alive(m.pid, m.start) {
+		if proc.Alive(m.pid, m.start) {
 			t.Errorf("member %d alive after cancel", m.pid)
 		}
 	}
@@ -86,11 +88,11 @@ func TestCancelLeavesOtherRunAlone(t *testing.T) {
 	waitGroupEmpty(t, ra.PGID)
 
 	for _, m := range bMembers {
-		if !alive(m.pid, m.start) {
+		if !proc.Alive(m.pid, m.start) {
 			t.Errorf("bystander's process %d died when the victim was cancelled", m.pid)
 		}
 	}
-	if !alive(rb.WrapperPID, rb.WrapperStart) {
+	if !proc.Alive(rb.WrapperPID, rb.WrapperStart) {
 		t.Errorf("bystander's wrapper %d died", rb.WrapperPID)
 	}
 	if st, err := h.status("bystander"); err != nil || st.State != "running" {

@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // `run --detach` over `ssh -tt`: the connection ends as soon as the run is
@@ -24,9 +26,9 @@ func TestDetachOverSSH(t *testing.T) {
 		t.Fatalf("run --detach printed %q (%v); want its record in state running", det.stdout(), err)
 	}
 	r := h.waitRunning(id)
-	if !alive(r.WrapperPID, r.WrapperStart) || !alive(r.PID, r.LeaderStart) {
+	if !proc.Alive(r.WrapperPID, r.WrapperStart) || !proc.Alive(r.PID, r.LeaderStart) {
 		t.Fatalf("after the detaching connection ended: wrapper alive %v, job alive %v; want both",
-			alive(r.WrapperPID, r.WrapperStart), alive(r.PID, r.LeaderStart))
+			proc.Alive(r.WrapperPID, r.WrapperStart), proc.Alive(r.PID, r.LeaderStart))
 	}
 
 	follow := h.start(nil, "logs", "-f", id)

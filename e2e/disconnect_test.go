@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // printer is a job that prints a numbered line every 50 ms, forever.
@@ -33,7 +35,7 @@ func (h *harness) disconnect(s *stream, r record) {
 	}
 	s.kill(h.t)
 	for _, p := range conn {
-		eventually(h.t, "the connection's sshd processes to exit", func() bool { return !alive(p.pid, p.start) })
+		eventually(h.t, "the connection's sshd processes to exit", func() bool { return !proc.Alive(p.pid, p.start) })
 	}
 	h.t.Logf("client killed; the connection's sshd processes %v are gone", pids(conn))
 }
@@ -56,10 +58,10 @@ func (h *harness) stillRunsAfterDisconnect(id string, r record, deadline time.Ti
 	size := h.logSize(id)
 	eventually(h.t, "stdout.log to grow after the disconnect", func() bool { return h.logSize(id) >= size+int64(3*len("line 99\n")) })
 	var bad []string
-	if !alive(r.WrapperPID, r.WrapperStart) {
+	if !proc.Alive(r.WrapperPID, r.WrapperStart) {
 		bad = append(bad, fmt.Sprintf("wrapper %d died after the disconnect (SIGPIPE?)", r.WrapperPID))
 	}
-	if !alive(r.PID, r.LeaderStart) {
+	if !proc.Alive(r.PID, r.LeaderStart) {
 		bad = append(bad, fmt.Sprintf("job leader %d died after the disconnect", r.PID))
 	}
 	if st, err := h.status(id); err != nil || st.State != "running" {
@@ -116,12 +118,12 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 	final := h.waitTerminal(id)
 	wantFinal(t, final, "cancelled", "lease", 124)
 	waitGroupEmpty(t, r.PGID)
-	if alive(r.PID, r.LeaderStart) {
+	if proc.Alive(r.PID, r.LeaderStart) {
 		t.Errorf("job leader %d alive after the lease ended", r.PID)
 	}
 	// The journal's final event may follow the terminal status.json; the
 	// wrapper has written both once it has exited.
-	eventually(t, "the wrapper to exit after its final record", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
+	eventually(t, "the wrapper to exit after its final record", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
 	ev := h.events(id)
 	for _, want := range []string{"stream_lost", "deadline_expired", "final"} {
 		if !contains(ev, want) {

@@ -15,6 +15,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // The controller's fan-out (--mux auto, the default): many controller
@@ -80,7 +81,7 @@ func processesUnder(dir string) []string {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		if st, ok := readStat(pid); !ok || st.dead() {
+		if !proc.Alive(pid, 0) {
 			continue
 		}
 		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
@@ -189,7 +190,7 @@ func TestFanoutThroughMux(t *testing.T) {
 
 	// No master outlives the controllers.
 	for m := range masters {
-		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !alive(m.pid, m.start) })
+		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
 	}
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))
@@ -222,7 +223,7 @@ func TestMuxMasterKilledReattach(t *testing.T) {
 		t.Fatal("no master recorded")
 	}
 	for m := range old {
-		if alive(m.pid, m.start) {
+		if proc.Alive(m.pid, m.start) {
 			_ = syscall.Kill(m.pid, syscall.SIGKILL)
 		}
 	}
@@ -252,7 +253,7 @@ func TestMuxMasterKilledReattach(t *testing.T) {
 		if old[m] {
 			t.Errorf("master %d was killed but is seen again", m.pid)
 		}
-		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !alive(m.pid, m.start) })
+		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
 	}
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))
@@ -438,7 +439,7 @@ func TestFanoutMastersFill(t *testing.T) {
 		waitGroupEmpty(t, rec.PGID)
 	}
 	for m := range masters {
-		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !alive(m.pid, m.start) })
+		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
 	}
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))

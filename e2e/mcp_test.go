@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -528,7 +529,7 @@ func TestMCPClientGone(t *testing.T) {
 	if by := c.cancelBy("a-run"); by != "mcp:exit" {
 		t.Errorf("a-run's cancel_requested event says by %q, want mcp:exit (the client went away)", by)
 	}
-	eventually(t, "a's server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
+	eventually(t, "a's server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 
 	b.callOK("wait", map[string]any{"run_id": "b-run", "seconds": 60}, &r)
 	if r.Outcome != "completed" || r.code() != 0 || !strings.Contains(r.Stdout.Text, "b done") {
@@ -538,7 +539,7 @@ func TestMCPClientGone(t *testing.T) {
 	// keep: the server exits, the run goes on under its lease.
 	keepPID := keep.cmd.Process.Pid
 	_ = keep.cs.Close()
-	eventually(t, "the keep server to exit", func() bool { p, ok := readStat(keepPID); return !ok || p.dead() })
+	eventually(t, "the keep server to exit", func() bool { return !proc.Alive(keepPID, 0) })
 	if got := groupMembers(hk.PGID); len(got) != 3 {
 		t.Errorf("--on-exit keep: the kept run's group has %d live members, want 3", len(got))
 	}
@@ -645,7 +646,7 @@ func TestMCPUnreachableAndSignalled(t *testing.T) {
 	c.treeGone("termed")
 	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("termed").State == ledger.Settled })
 	c.wantSettled("termed", "cancelled", "cancel", 143)
-	eventually(t, "the server to exit", func() bool { p, ok := readStat(pid); return !ok || p.dead() })
+	eventually(t, "the server to exit", func() bool { return !proc.Alive(pid, 0) })
 }
 
 // mcpClientEnv makes the test binary a Go MCP client of its own process
@@ -739,7 +740,7 @@ func TestMCPGoClientKilled(t *testing.T) {
 	hr := c.waitRunning("go-killed")
 	waitMembers(t, hr.PGID, 3)
 	serverPID := c.ledgerRec("go-killed").ControllerPID
-	if p, ok := readStat(serverPID); !ok || p.dead() {
+	if !proc.Alive(serverPID, 0) {
 		t.Fatalf("the ledger's controller_pid %d is not a live server", serverPID)
 	}
 	if err := helper.Process.Kill(); err != nil {
@@ -750,7 +751,7 @@ func TestMCPGoClientKilled(t *testing.T) {
 	c.treeGone("go-killed")
 	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("go-killed").State == ledger.Settled })
 	c.wantSettled("go-killed", "cancelled", "cancel", 143)
-	eventually(t, "the server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
+	eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 }
 
 // TestMCPParentGone: the client's process gone while its pipe to the
@@ -815,7 +816,7 @@ func TestMCPParentGone(t *testing.T) {
 	if by := c.cancelBy("orphaned"); by != "mcp:exit" {
 		t.Errorf("cancel_requested by %q, want mcp:exit", by)
 	}
-	eventually(t, "the server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
+	eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 	if !strings.Contains(errb.String(), "the client's process is gone") {
 		t.Errorf("the server did not say why it ended: %s", errb.String())
 	}

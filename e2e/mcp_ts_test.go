@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // agent-wrap mcp through the official TypeScript client
@@ -204,7 +205,7 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	hk := c.waitRunning("ts-killed")
 	waitMembers(t, hk.PGID, 3)
 	serverPID := c.ledgerRec("ts-killed").ControllerPID
-	if p, ok := readStat(serverPID); !ok || p.dead() {
+	if !proc.Alive(serverPID, 0) {
 		t.Fatalf("the ledger's controller_pid %d is not a live server", serverPID)
 	}
 	if err := k.cmd.Process.Kill(); err != nil {
@@ -214,5 +215,5 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	c.treeGone("ts-killed")
 	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("ts-killed").State == ledger.Settled })
 	c.wantSettled("ts-killed", "cancelled", "cancel", 143)
-	eventually(t, "the server to exit", func() bool { p, ok := readStat(serverPID); return !ok || p.dead() })
+	eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -251,7 +252,7 @@ func TestNestedOuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	}
 
 	r, _ := a.status("outer2")
-	if !alive(r.WrapperPID, r.WrapperStart) {
+	if !proc.Alive(r.WrapperPID, r.WrapperStart) {
 		t.Fatalf("outer wrapper %d not alive before the kill", r.WrapperPID)
 	}
 	// The wrapper alone first: the inner controller can no longer ask it,
@@ -259,7 +260,7 @@ func TestNestedOuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	if err := syscall.Kill(r.WrapperPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the outer wrapper dead", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
+	eventually(t, "the outer wrapper dead", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
 	mark := len(c.ctlEvents("inner2"))
 	c.waitEvent("inner2", "renew_failed", mark)
 	if ev := c.lastEvent("inner2", "renew_failed"); ev["reason"] != "refused" || !strings.Contains(ev["error"].(string), "cannot be asked") {

@@ -3,9 +3,10 @@ package e2e
 import (
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // pstat is one process as /proc/PID/stat shows it.
@@ -18,39 +19,18 @@ type pstat struct {
 	start uint64 // clock ticks since boot
 }
 
-// readStat parses /proc/PID/stat, counting fields from the last ')' because
-// the command name may hold spaces and parentheses.
+// readStat reads /proc/PID/stat with package proc's parser.
 func readStat(pid int) (pstat, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := proc.ReadStat(pid)
 	if err != nil {
 		return pstat{}, false
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 > len(s) {
-		return pstat{}, false
-	}
-	f := strings.Fields(s[i+2:]) // f[0] is field 3, state
-	if len(f) < 20 || len(f[0]) != 1 {
-		return pstat{}, false
-	}
-	st := pstat{pid: pid, state: f[0][0]}
-	st.ppid, _ = strconv.Atoi(f[1])
-	st.pgrp, _ = strconv.Atoi(f[2])
-	st.sid, _ = strconv.Atoi(f[3])
-	st.start, _ = strconv.ParseUint(f[19], 10, 64)
-	return st, true
+	return pstat{pid: st.PID, state: st.State, ppid: st.PPID, pgrp: st.PGID, sid: st.SID, start: st.Start}, true
 }
 
-// dead reports whether the state is that of a process that runs nothing.
-func (p pstat) dead() bool { return p.state == 'Z' || p.state == 'X' }
-
-// alive reports whether pid is the live (not zombie) process that started at
-// start (any start when start is 0).
-func alive(pid int, start uint64) bool {
-	st, ok := readStat(pid)
-	return ok && !st.dead() && (start == 0 || st.start == start)
-}
+// dead reports whether the state is that of a process that runs nothing
+// (proc.Stat.Dead).
+func (p pstat) dead() bool { return proc.Stat{State: p.state}.Dead() }
 
 // groupMembers lists the live processes of process group pgid.
 func groupMembers(pgid int) []pstat {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // A controller that stops when asked and fails fast when it cannot start.
@@ -161,7 +162,7 @@ func TestSSHTermWhileLaunchHeld(t *testing.T) {
 	wantFinal(t, c.waitTerminal("held"), "cancelled", "cancel", 143)
 	c.treeGone("held")
 	c.wantSettled("held", "cancelled", "cancel", 143)
-	if st, ok := readStat(client); ok && !st.dead() {
+	if proc.Alive(client, 0) {
 		t.Errorf("the held launch's ssh client %d is still alive", client)
 	}
 	if ev := c.ctlEvents("held"); !contains(ev, "cancel_confirmed") {
@@ -195,7 +196,7 @@ func TestSSHTermWhileLaunchUnanswered(t *testing.T) {
 	if r := c.ledgerRec("unanswered"); r.State != ledger.Launching || !r.CancelRequested || !strings.Contains(r.Reason, "may have reached") {
 		t.Errorf("ledger: state %s cancel_requested %v reason %q; want launching, true, why", r.State, r.CancelRequested, r.Reason)
 	}
-	if st, ok := readStat(client); ok && !st.dead() {
+	if proc.Alive(client, 0) {
 		t.Errorf("the launch's ssh client %d is still alive", client)
 	}
 	// The run did start; settle finds it once the host is back.

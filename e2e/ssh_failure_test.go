@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // The five failure paths of a remote job, each driven through the
@@ -21,7 +23,7 @@ func TestSSHFailTermWrapper(t *testing.T) {
 	eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("fail-wrapper")
 	waitMembers(t, r.PGID, 3)
-	if !alive(r.WrapperPID, r.WrapperStart) {
+	if !proc.Alive(r.WrapperPID, r.WrapperStart) {
 		t.Fatalf("wrapper %d not alive", r.WrapperPID)
 	}
 	syscall.Kill(r.WrapperPID, syscall.SIGTERM)
@@ -75,7 +77,7 @@ func TestSSHFailClientKilled(t *testing.T) {
 	c.waitEvent("fail-client", "detached", 0)
 	c.waitEvent("fail-client", "attached", 0)
 	for _, m := range members {
-		if !alive(m.pid, m.start) {
+		if !proc.Alive(m.pid, m.start) {
 			t.Errorf("member %d died with the client", m.pid)
 		}
 	}

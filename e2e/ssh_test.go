@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // `agent-wrap ssh` end to end: bytes and codes, a confirmed cancel, a
@@ -299,7 +300,7 @@ func TestSSHTwoControllersOneCancelled(t *testing.T) {
 	}
 	c.treeGone("two-a")
 	for _, m := range bMembers {
-		if !alive(m.pid, m.start) {
+		if !proc.Alive(m.pid, m.start) {
 			t.Errorf("b's member %d died with a's cancel", m.pid)
 		}
 	}
@@ -428,10 +429,7 @@ func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
 			t.Errorf("%s: settled by a controller that was killed: %+v", m.id, r)
 		}
 		for _, pid := range clients {
-			eventually(t, "the killed controller's ssh client to die", func() bool {
-				st, ok := readStat(pid)
-				return !ok || st.dead()
-			})
+			eventually(t, "the killed controller's ssh client to die", func() bool { return !proc.Alive(pid, 0) })
 		}
 		c.waitTerminal(m.id)
 		if code, out := c.settle(m.id); code != 0 {

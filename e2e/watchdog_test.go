@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // The lease holds when the supervisor does not: the wrapper of a detached run
@@ -29,7 +31,7 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 	if err := syscall.Kill(r.WrapperPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the wrapper to die", func() bool { return !alive(r.WrapperPID, r.WrapperStart) })
+	eventually(t, "the wrapper to die", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
 
 	code, v := h.reconcileJSON(id)
 	if code != 3 || v["outcome"] != "running" || v["supervisor"] != "lost" {
@@ -40,7 +42,7 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 	deadline := h.endLease(id)
 	eventually(t, "the lease deadline to pass", func() bool { return time.Now().After(deadline.Add(time.Second)) })
 	for _, m := range members {
-		if !alive(m.pid, m.start) {
+		if !proc.Alive(m.pid, m.start) {
 			t.Fatalf("member %d died before the watchdog ran: nothing left to prove", m.pid)
 		}
 	}
@@ -50,7 +52,7 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 	}
 	waitGroupEmpty(t, r.PGID)
 	for _, m := range members {
-		if alive(m.pid, m.start) {
+		if proc.Alive(m.pid, m.start) {
 			t.Errorf("member %d alive after the watchdog", m.pid)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/agentrelay"
+	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -169,9 +170,6 @@ func Listen(cfg Config) (*Gateway, error) {
 	if cfg.Check == nil || s == nil {
 		return nil, errors.New("httpgw: no check or no spec")
 	}
-	if len(cfg.Socket) > agentrelay.MaxSocketPath {
-		return nil, fmt.Errorf("httpgw: socket path %s is longer than a socket address holds", cfg.Socket)
-	}
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
 	if len(s.CAPEM) > 0 {
 		// The given roots instead of the system's: the upstream is pinned
@@ -222,17 +220,9 @@ func Listen(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("httpgw %s: %w", s.Name, err)
 	}
-	removeStaleSocket(cfg.Socket)
-	un, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
+	un, err := privsock.Listen(cfg.Socket) // Revoke removes it
 	if err != nil {
 		tcp.Close()
-		return nil, fmt.Errorf("httpgw %s: %w", s.Name, err)
-	}
-	un.SetUnlinkOnClose(false) // Revoke removes it
-	if err := os.Chmod(cfg.Socket, 0o600); err != nil {
-		tcp.Close()
-		un.Close()
-		os.Remove(cfg.Socket)
 		return nil, fmt.Errorf("httpgw %s: %w", s.Name, err)
 	}
 	g.tcp, g.unixLn = tcp, un
@@ -245,13 +235,6 @@ func Listen(cfg Config) (*Gateway, error) {
 		}()
 	}
 	return g, nil
-}
-
-func removeStaleSocket(path string) {
-	var st unix.Stat_t
-	if unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
-		_ = unix.Unlink(path)
-	}
 }
 
 // URL is the job's base URL, http://127.0.0.1:PORT.
@@ -343,8 +326,9 @@ func unixPeer(nc *net.UnixConn) Caller {
 // recheck returns a refusal unless the caller is still the process that
 // connected (same start time, not a zombie).
 func recheck(c Caller) string {
-	st, err := proc.ReadStat(c.PID)
-	if err != nil || st.Dead() || st.Start != c.Start {
+	// A caller whose start could not be read at connect time (0) is not
+	// one process: proc.Alive would take any process at its PID for it.
+	if c.Start == 0 || !proc.Alive(c.PID, c.Start) {
 		return ReasonCallerGone
 	}
 	return ""

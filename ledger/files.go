@@ -15,6 +15,7 @@ import (
 	"github.com/google/renameio/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/internal/flock"
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
@@ -227,7 +228,7 @@ func (l *Ledger) lock(id string, wait bool) (func(), error) {
 		if !wait {
 			how |= unix.LOCK_NB
 		}
-		if err := flock(int(f.Fd()), how); err != nil {
+		if err := flock.Lock(int(f.Fd()), how); err != nil {
 			f.Close()
 			mu.Unlock()
 			if err == unix.EWOULDBLOCK {
@@ -246,16 +247,6 @@ func (l *Ledger) lock(id string, wait bool) (func(), error) {
 			}, nil
 		}
 		f.Close()
-	}
-}
-
-// flock is flock(2), again after EINTR.
-func flock(fd, how int) error {
-	for {
-		err := unix.Flock(fd, how)
-		if err != unix.EINTR {
-			return err
-		}
 	}
 }
 

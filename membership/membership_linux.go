@@ -56,11 +56,7 @@ func WrapperAlive(rec *statusfile.Record) bool {
 	if boot, err := proc.BootID(); err != nil || boot != rec.BootID {
 		return false
 	}
-	st, err := proc.ReadStat(rec.WrapperPID)
-	if err != nil || st.Dead() {
-		return false
-	}
-	return rec.WrapperStart == 0 || st.Start == rec.WrapperStart
+	return proc.Alive(rec.WrapperPID, rec.WrapperStart)
 }
 
 // Member is a live process of a run.

@@ -119,7 +119,7 @@ func TestGroupMembers(t *testing.T) {
 	if err := unix.Kill(child.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	runtest.Eventually(t, "the child to be dead", func() bool { return !runtest.AliveAs(child.PID, child.Start) })
+	runtest.Eventually(t, "the child to be dead", func() bool { return !proc.Alive(child.PID, child.Start) })
 	if _, err := r.Contains(child.PID, child.Start); !errors.Is(err, membership.ErrNotMember) {
 		t.Fatalf("a dead child: %v, want ErrNotMember", err)
 	}

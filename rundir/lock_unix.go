@@ -3,12 +3,15 @@
 package rundir
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/internal/flock"
 )
 
 // LockWait is how long Lock waits for a run's lock. The lock is held for
@@ -105,28 +108,20 @@ func FlockWithin(fd int, path string, wait time.Duration) error {
 }
 
 // flockUntil takes the flock how (LOCK_EX or LOCK_SH) on fd, trying until
-// until. A shared lock that is busy is a bare ErrLocked: its callers (RLock)
-// poll it and read without it, and have no use for the holders' names.
+// until (flock.Poll, pausing up to 25 ms between tries). A shared lock that
+// is busy is a bare ErrLocked: its callers (RLock) poll it and read without
+// it, and have no use for the holders' names.
 func flockUntil(fd int, path string, how int, start, until time.Time) error {
-	pause := time.Millisecond
-	for {
-		err := unix.Flock(fd, how|unix.LOCK_NB)
-		switch {
-		case err == nil:
-			return nil
-		case err == unix.EINTR:
-			continue
-		case err != unix.EWOULDBLOCK:
-			return &os.PathError{Op: "flock", Path: path, Err: err}
-		}
-		left := time.Until(until)
-		if left <= 0 && how == unix.LOCK_SH {
-			return fmt.Errorf("%s: %w", path, ErrLocked)
-		}
-		if left <= 0 {
-			return &HeldError{Path: path, Waited: time.Since(start), Holders: holdersOf(fd)}
-		}
-		time.Sleep(min(pause, left))
-		pause = min(2*pause, 25*time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), until)
+	defer cancel()
+	err := flock.Poll(ctx, fd, how, 25*time.Millisecond)
+	switch {
+	case err == nil:
+		return nil
+	case err == context.DeadlineExceeded && how == unix.LOCK_SH:
+		return fmt.Errorf("%s: %w", path, ErrLocked)
+	case err == context.DeadlineExceeded:
+		return &HeldError{Path: path, Waited: time.Since(start), Holders: holdersOf(fd)}
 	}
+	return &os.PathError{Op: "flock", Path: path, Err: err}
 }

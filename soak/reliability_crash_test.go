@@ -322,7 +322,7 @@ func checkVerdicts(t *testing.T, root string, runs []*crashRun, when string) {
 // alive reports whether the process sayWho named still runs (a PID the
 // kernel gave to another process since is not it).
 func alive(id proc.Identity) bool {
-	return id.PID > 1 && runtest.AliveAs(id.PID, id.Start)
+	return id.PID > 1 && proc.Alive(id.PID, id.Start)
 }
 
 func cleanupCrashRun(root string, r *crashRun) {

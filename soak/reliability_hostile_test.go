@@ -119,7 +119,7 @@ func TestHostileLayouts(t *testing.T) {
 				t.Errorf("%v on an untampered run: exit %d\n%s%s", args, code, out, errs)
 			}
 			if args[0] == "cancel" || args[0] == "watchdog" {
-				if !runtest.Within(runtest.Patience, func() bool { return !runtest.Alive(cpid) }) {
+				if !runtest.Within(runtest.Patience, func() bool { return !proc.Alive(cpid, 0) }) {
 					t.Errorf("%v did not stop the decoy: the control proves nothing", args)
 				}
 				cpid, cstart = decoy(t)
@@ -164,7 +164,7 @@ func TestHostileLayouts(t *testing.T) {
 				if _, err := os.Lstat(filepath.Join(elsewhere, "ran")); err == nil {
 					t.Errorf("%s ran the command", what)
 				}
-				if !runtest.AliveAs(dpid, dstart) {
+				if !proc.Alive(dpid, dstart) {
 					t.Errorf("%s signalled the decoy (pid %d)", what, dpid)
 					dpid, dstart = decoy(top)
 				}

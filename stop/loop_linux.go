@@ -213,11 +213,9 @@ func (l Loop) waitGone(until time.Time, ms []membership.Member, late func([]memb
 func alive(ms []membership.Member) []membership.Member {
 	var out []membership.Member
 	for _, m := range ms {
-		st, err := proc.ReadStat(m.PID)
-		if err != nil || st.Start != m.Start || st.Dead() {
-			continue
+		if m.Start != 0 && proc.Alive(m.PID, m.Start) {
+			out = append(out, m)
 		}
-		out = append(out, m)
 	}
 	return out
 }

@@ -68,7 +68,7 @@ func TestOutsideAdoptsStartingJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runtest.Eventually(t, "the adopted job to die", func() bool { return !runtest.Alive(job.PID) })
+	runtest.Eventually(t, "the adopted job to die", func() bool { return !proc.Alive(job.PID, 0) })
 	if rep.Record.State != statusfile.Cancelled || rep.Record.PGID != job.PID || len(rep.Record.Survivors) != 0 {
 		t.Fatalf("record after the stop: %+v", rep.Record)
 	}
@@ -86,7 +86,7 @@ func TestOutsideRefusesToAdoptAStranger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Signalled) != 0 || !runtest.Alive(other.PID) {
+	if len(rep.Signalled) != 0 || !proc.Alive(other.PID, 0) {
 		t.Fatalf("a process that is not the run's was signalled: %v", rep.Signalled)
 	}
 }
@@ -143,7 +143,7 @@ func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
 		t.Fatalf("adopted group %d, want the leader %d (the escapee is %d)", rep.Record.PGID, leader.PID, escapee.PID)
 	}
 	runtest.Eventually(t, "the leader and the escapee to die", func() bool {
-		return !runtest.Alive(leader.PID) && !runtest.Alive(escapee.PID)
+		return !proc.Alive(leader.PID, 0) && !proc.Alive(escapee.PID, 0)
 	})
 	if rep.Record.State != statusfile.Cancelled || len(rep.Record.Survivors) != 0 {
 		t.Fatalf("record after the stop: %+v", rep.Record)

@@ -24,6 +24,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/agentrelay"
 	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/handoff"
+	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -70,7 +71,7 @@ func (s *supervisor) startControl() {
 	path, err := agentrelay.SocketPathNamed(s.d.Path, handoff.SocketName, os.Getenv)
 	var ln *net.UnixListener
 	if err == nil {
-		ln, err = listenPrivate(path)
+		ln, err = privsock.Listen(path)
 	}
 	if err != nil {
 		s.warn("no control socket, so runs this job starts elsewhere are not bounded by it: %v", err)
@@ -82,26 +83,6 @@ func (s *supervisor) startControl() {
 	s.rec.HandoffGraceSeconds = s.handoffGrace().Seconds()
 	s.ctl.wg.Add(1)
 	go s.acceptHandoffs()
-}
-
-// listenPrivate binds a unix socket at path with mode 0600, replacing a
-// stale socket (never anything else) left by a wrapper that died.
-func listenPrivate(path string) (*net.UnixListener, error) {
-	var st unix.Stat_t
-	if unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
-		_ = unix.Unlink(path)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		os.Remove(path)
-		return nil, err
-	}
-	return ln, nil
 }
 
 // handoffGrace is how long the stop waits for the handoffs' confirmations.

@@ -202,18 +202,6 @@ func Members(pgid int) []proc.Stat {
 	return out
 }
 
-// Alive reports whether pid runs (exists and is not a zombie).
-func Alive(pid int) bool {
-	st, err := proc.ReadStat(pid)
-	return err == nil && !st.Dead()
-}
-
-// AliveAs reports whether pid runs and is the process that started at start.
-func AliveAs(pid int, start uint64) bool {
-	st, err := proc.ReadStat(pid)
-	return err == nil && !st.Dead() && st.Start == start
-}
-
 // groupMembers is Members of the run's recorded group, unless the group's
 // number has been recycled since the run ended: when a live process at the
 // leader's PID has another start time than the recorded leader_start, the
@@ -277,7 +265,7 @@ func (r Run) AssertGroupEmpty(t testing.TB) {
 	}
 	if rec := r.Status(); rec != nil {
 		for _, e := range rec.Escaped {
-			if AliveAs(e.PID, e.Start) {
+			if proc.Alive(e.PID, e.Start) {
 				bad = append(bad, fmt.Sprintf("escaped pid %d (%s) still runs", e.PID, strings.Join(e.Argv, " ")))
 			}
 		}

@@ -152,7 +152,7 @@ func (w *Walker) Made() []proc.Identity {
 func (w *Walker) Alive() []proc.Identity {
 	var out []proc.Identity
 	for _, id := range w.Made() {
-		if AliveAs(id.PID, id.Start) {
+		if proc.Alive(id.PID, id.Start) {
 			out = append(out, id)
 		}
 	}

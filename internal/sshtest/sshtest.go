@@ -71,6 +71,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // Host is the only address the server listens on and the clients dial.
@@ -408,7 +410,7 @@ func (s *Server) stop(t T) {
 	deadline := time.Now().Add(stopTimeout)
 	for _, c := range children {
 		killed := false
-		for alive(c.pid, c.start) {
+		for proc.Alive(c.pid, c.start) {
 			if !killed && time.Now().After(deadline) {
 				if st, ok := startTime(c.pid); ok && st == c.start {
 					_ = syscall.Kill(c.pid, syscall.SIGKILL)

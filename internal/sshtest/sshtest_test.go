@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 func TestEchoHi(t *testing.T) {
@@ -31,14 +33,14 @@ func TestEchoHi(t *testing.T) {
 // Cleanup stops the listener and the per-connection sshd of a connection
 // that is still open, and waits for them.
 func TestStoppedAfterCleanup(t *testing.T) {
-	var listener proc
-	var conns []proc
+	var listener process
+	var conns []process
 	var sshDone chan error
 	closeStdin := func() {}
 	t.Run("server", func(t *testing.T) {
 		s := Start(t)
-		listener = proc{s.PID(), s.StartTime()}
-		if !alive(listener.pid, listener.start) {
+		listener = process{s.PID(), s.StartTime()}
+		if !proc.Alive(listener.pid, listener.start) {
 			t.Fatalf("sshd pid %d not alive while the server runs", listener.pid)
 		}
 		// An open connection: remote cat echoes what we send until EOF.
@@ -68,7 +70,7 @@ func TestStoppedAfterCleanup(t *testing.T) {
 		// stdin stays open: the connection must be ended by the server's
 		// cleanup, not by EOF.
 		t.Cleanup(func() {
-			if !alive(conns[0].pid, conns[0].start) {
+			if !proc.Alive(conns[0].pid, conns[0].start) {
 				t.Errorf("connection ended before the server's cleanup ran")
 			}
 		})
@@ -80,11 +82,11 @@ func TestStoppedAfterCleanup(t *testing.T) {
 		// cleanup could be checked. Start has already skipped or failed.
 		t.Skip("the server did not start; see the server subtest")
 	}
-	if alive(listener.pid, listener.start) {
+	if proc.Alive(listener.pid, listener.start) {
 		t.Errorf("sshd pid %d still alive after cleanup", listener.pid)
 	}
 	for _, c := range conns {
-		if alive(c.pid, c.start) {
+		if proc.Alive(c.pid, c.start) {
 			t.Errorf("per-connection sshd pid %d still alive after cleanup", c.pid)
 		}
 	}
