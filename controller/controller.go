@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,13 +87,6 @@ type Config struct {
 // whichever of INT, TERM or HUP asked (a cancel after the launch is the
 // remote `cancel`, also 143).
 const exitCancelledBeforeLaunch = exitcode.TERM
-
-// Backoff bounds between reattach attempts after the first, which is at
-// once: 0.2 s doubling to 5 s.
-const (
-	backoffMin = 200 * time.Millisecond
-	backoffMax = 5 * time.Second
-)
 
 // Run is a run started by Start. Its methods are safe for concurrent use.
 type Run struct {
@@ -247,6 +238,30 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	return r, nil
 }
 
+// Follow drives the run to its end; see the package doc. It returns the
+// exit code for the controller: the run's, or 255 when unknown, when the
+// ledger stayed away past --give-up, or when someone else settled the run
+// meanwhile (ledger.ErrLost: this controller does not overwrite it).
+func (r *Run) Follow(ctx context.Context) int {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.startHeartbeat()
+	defer r.stopHeartbeat()
+	go func() {
+		select {
+		case <-r.w.fatal:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	code := r.follow(ctx)
+	if err := r.w.finish(); err != nil {
+		r.cfg.Notice(err.Error())
+		return exitcode.Lost
+	}
+	return code
+}
+
 // update changes the ledger record under the lock and writes it durably,
 // waiting for the write while the ledger answers. While it does not, the
 // write is queued and retried in order (see writer) and the run goes on.
@@ -329,28 +344,6 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// gaveUp reports whether --give-up has passed since the last renewal that
-// succeeded. Where there is nothing to renew (no lease, or the host refused
-// a renewal because the run is ending) the output's progress and each
-// successful connection count as renewals, and a run without a lease gives
-// up only while detached.
-func (r *Run) gaveUp() bool {
-	if r.cfg.Lease < 0 {
-		if p := r.now().phase; p != phaseDetached && p != phaseLaunching {
-			return false
-		}
-	}
-	return time.Since(time.Unix(0, r.lastRenew.Load())) > r.cfg.GiveUp
-}
-
-// progress is called on every write of the job's output.
-func (r *Run) progress() {
-	r.attached()
-	if r.cfg.Lease < 0 || r.renewFailed.Load() {
-		r.lastRenew.Store(time.Now().UnixNano())
-	}
-}
-
 // follow is Follow's loop (owner.go has Follow).
 func (r *Run) follow(ctx context.Context) int {
 	defer r.h.close()
@@ -400,279 +393,6 @@ func (r *Run) follow(ctx context.Context) int {
 }
 
 func (r *Run) isLaunched() bool { return isClosed(r.launched) }
-
-// launch runs `run --detach ... 2>&1 && exec attach` on one connection.
-// The detach's words (its record last) come first on stdout; what comes
-// after the record is the job's. It returns the record when one arrived,
-// and what came before it (messages) as said.
-func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
-	lease := "0"
-	if r.cfg.Lease > 0 {
-		lease = r.cfg.Lease.String()
-	}
-	if l := r.nestedLaunchLease(); l != "" {
-		lease = l
-	}
-	words := append(append([]string{"run", "--detach", "--lease", lease, "--grace", r.cfg.Grace.String()}, r.agentFlags()...), r.gw.args...)
-	words = append(words, r.stdinWords()...)
-	words = append(append(words, r.cfg.ID, "--"), r.argv...)
-	// --from before the ID: an agent-wrap too old to know attach reads
-	// this as the short form of run with an unknown flag, a usage error
-	// (64) found before any claim, rather than run a job named RUN_ID.
-	snd, stdinFrom := r.stdinSender() // stdin.go: the job's stdin follows the gateways' secrets
-	if snd != nil {
-		defer snd.stop()
-	}
-	attachWords := append(append([]string{"attach", "--from", "0,0"}, stdinFrom...), r.cfg.ID)
-	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote(attachWords...)
-
-	ctx, cancel := r.withGiveUp(ctx)
-	defer cancel()
-	lh := r.launchHost()
-	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
-	defer forget()
-	var gate *launchGate // launchgate.go
-	if lh.mux != nil {
-		g, err := newLaunchGate(ctx)
-		if err != nil {
-			return callResult{code: exitcode.Lost, err: err, noLog: true}, nil, ""
-		}
-		gate, line = g, g.wrap(line)
-		// Through a master: the gate's pipe carries "go", then the
-		// secrets, then the job's stdin. Set before the ready line can
-		// be read.
-		gate.payload = stdin
-		if snd != nil {
-			gate.then = snd.run
-		}
-	}
-	pr, pw := io.Pipe()
-	var rec *launchRecord
-	var said bytes.Buffer
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		rec = r.splitLaunch(pr, &said, gate)
-		io.Copy(io.Discard, pr)
-	}()
-	errw := r.newLaunchStderr()
-	var res callResult
-	switch {
-	case gate != nil:
-		res = lh.callIn(longSession(ctx), line, gate.r, pw, errw)
-		if snd != nil {
-			snd.stop()
-		}
-		gate.close()
-	case snd != nil:
-		in, done, err := snd.pipe(stdin)
-		if err != nil {
-			res = callResult{code: exitcode.Lost, err: err}
-			break
-		}
-		res = lh.callIn(ctx, line, in, pw, errw)
-		snd.stop()
-		done()
-	default:
-		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
-	}
-	pw.Close()
-	<-done
-	res.early = errw.end()
-	if said.Len() > 0 {
-		// What the host said before (or instead of) a record: agent-wrap's
-		// messages, or the shell's (command not found). Not the job's, so
-		// not counted in its stderr.
-		r.cfg.Stderr.Write(said.Bytes())
-	}
-	return res, rec, said.String()
-}
-
-// launchRecord is what the controller reads of the run --detach record.
-type launchRecord struct {
-	RunID  string `json:"run_id"`
-	State  string `json:"state"`
-	PID    int    `json:"pid"`
-	PGID   int    `json:"pgid"`
-	BootID string `json:"boot_id"`
-}
-
-// splitLaunch reads the launch connection's stdout: lines before the
-// record's opening "{" line go to said, the record is decoded, and
-// everything after it is copied to the job's stdout (counted). It returns
-// nil when no record came.
-func (r *Run) splitLaunch(in io.Reader, said *bytes.Buffer, gate *launchGate) *launchRecord {
-	br := bufio.NewReaderSize(in, 64<<10)
-	for {
-		line, err := br.ReadString('\n')
-		if gate != nil && line == gateReady+"\n" {
-			gate.ready()
-			continue
-		}
-		if line == "{\n" {
-			var rec launchRecord
-			dec := json.NewDecoder(io.MultiReader(strings.NewReader(line), br))
-			if err := dec.Decode(&rec); err != nil || rec.RunID != r.cfg.ID {
-				said.WriteString(line)
-				return nil
-			}
-			rest := io.MultiReader(dec.Buffered(), br)
-			var nl [1]byte
-			if n, _ := io.ReadFull(rest, nl[:]); n == 1 && nl[0] != '\n' {
-				r.out.Write(nl[:])
-			}
-			r.running(&rec)
-			io.Copy(r.out, rest)
-			return &rec
-		}
-		said.WriteString(line)
-		if err != nil {
-			return nil
-		}
-	}
-}
-
-// running records the run's start on the host (its record, or a verdict
-// that the host has it), then wakes what waits for the launch. Once: a
-// second start is refused by the run's state.
-func (r *Run) running(rec *launchRecord) {
-	if _, ok := r.move(onLaunched, func(l *ledger.Record, _ runState) {
-		l.RemotePID, l.RemotePGID, l.BootID = rec.PID, rec.PGID, rec.BootID
-		l.Reason = ""
-	}); !ok {
-		return
-	}
-	r.lostSaid.Store(false)
-	r.ev.emit(EvRunning, map[string]any{"remote_pid": rec.PID, "boot_id": rec.BootID})
-	close(r.launched)
-	r.gw.forget()
-}
-
-// attach runs `attach --from N,M` from the byte counts delivered so far.
-func (r *Run) attach(ctx context.Context) callResult {
-	from := fmt.Sprintf("%d,%d", r.out.n.Load(), r.errw.n.Load())
-	if r.now().phase == phaseDetached {
-		r.reattaching.Store(from)
-		// Renew at once: the lease may have lost renewals while detached,
-		// and a renewal that succeeds confirms the host is back.
-		select {
-		case r.renewNow <- struct{}{}:
-		default:
-		}
-	}
-	ctx, cancel := r.withGiveUp(ctx)
-	defer cancel()
-	var res callResult
-	snd, stdinFrom := (*stdinSender)(nil), []string(nil)
-	if !r.noAttach.Load() {
-		snd, stdinFrom = r.stdinSender() // stdin.go: the job's stdin, sent again from the oldest byte kept
-	}
-	line := r.h.remote(append(append([]string{"attach", "--from", from}, stdinFrom...), r.cfg.ID)...)
-	if r.noAttach.Load() {
-		// The host cannot stream: learn the end with wait (75 at the
-		// timeout, which finish takes for a live run and follows again).
-		line = r.h.remote("wait", "--timeout", "60s", r.cfg.ID)
-	}
-	if snd != nil {
-		in, done, err := snd.pipe(nil)
-		if err != nil {
-			return callResult{code: exitcode.Lost, err: err}
-		}
-		res = r.h.callIn(longSession(ctx), line, in, r.out, r.errw) // muxticket.go
-		snd.stop()
-		done()
-	} else {
-		res = r.h.call(longSession(ctx), line, r.out, r.errw) // muxticket.go
-	}
-	if !res.lost() {
-		r.attached()
-		if r.cfg.Lease < 0 || r.renewFailed.Load() {
-			r.lastRenew.Store(time.Now().UnixNano())
-		}
-	}
-	r.reattaching.Store("")
-	return res
-}
-
-// attached records that a reattach is up: its first byte arrived, a
-// renewal succeeded while it ran, or it ended with the run's code. The
-// ledger is running again and the event is attached, once per reattach.
-func (r *Run) attached() {
-	from, _ := r.reattaching.Swap("").(string)
-	if from == "" {
-		return
-	}
-	r.lostSaid.Store(false)
-	if _, ok := r.move(onAttached, func(l *ledger.Record, was runState) {
-		if was.phase == phaseDetached {
-			l.Reason = ""
-		}
-	}); !ok {
-		return
-	}
-	r.ev.emit(EvAttached, map[string]any{"from": from})
-}
-
-// withGiveUp returns ctx that also ends when --give-up passes, whatever
-// the call's ssh still believes. It sleeps until the give-up would pass if
-// nothing were renewed meanwhile, then looks: a renewal since moved the
-// time on, so a run in flight wakes it about once per --give-up, not
-// several times a second. Past that time without having given up (a run
-// without a lease gives up only while detached or launching), it looks
-// every giveUpLook.
-func (r *Run) withGiveUp(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	go func() {
-		t := time.NewTimer(r.untilGiveUp())
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if r.gaveUp() {
-					cancel()
-					return
-				}
-				t.Reset(r.untilGiveUp())
-			}
-		}
-	}()
-	return ctx, cancel
-}
-
-// giveUpLook is how often withGiveUp looks once the give-up time has passed
-// without the run giving up.
-const giveUpLook = 250 * time.Millisecond
-
-// untilGiveUp is how long until gaveUp may next be true: the last renewal
-// plus --give-up, and at least giveUpLook.
-func (r *Run) untilGiveUp() time.Duration {
-	return max(time.Until(time.Unix(0, r.lastRenew.Load()).Add(r.cfg.GiveUp)), giveUpLook)
-}
-
-// detached records a lost connection, once per loss.
-func (r *Run) detached(why string) {
-	if r.gaveUp() {
-		return // the give-up killed the call; Follow says so next
-	}
-	if !r.lostSaid.Swap(true) {
-		if r.isLaunched() {
-			r.cfg.Notice(fmt.Sprintf("run %s: connection to %s lost (%s); reattaching", r.cfg.ID, r.cfg.Dest, why))
-		} else {
-			until := time.Unix(0, r.lastRenew.Load()).Add(r.cfg.GiveUp).Local()
-			r.cfg.Notice(fmt.Sprintf("run %s: cannot reach %s (%s); retrying until %s (--give-up %v); to stop now: Ctrl-C, or kill -INT %d",
-				r.cfg.ID, r.cfg.Dest, why, until.Format("15:04:05 MST"), r.cfg.GiveUp, os.Getpid()))
-		}
-	}
-	if r.cfg.Lease < 0 && r.now().phase != phaseDetached {
-		r.lastRenew.Store(time.Now().UnixNano()) // no lease: give-up counts from the loss
-	}
-	if _, ok := r.move(onLost, func(l *ledger.Record, _ runState) { l.Reason = why }); !ok {
-		return
-	}
-	r.ev.emit(EvDetached, map[string]any{"reason": why, "stdout_bytes": r.out.n.Load(), "stderr_bytes": r.errw.n.Load()})
-}
 
 // finish settles the run after its attach ended with code. done is false
 // when the run turns out to be live (attach ended early): follow it again.
@@ -739,16 +459,6 @@ func (r *Run) conclude(j judgment) int {
 	return j.exit
 }
 
-// attachRefused says, once, that the host's agent-wrap has no attach, and
-// makes Follow learn the run's end with wait instead.
-func (r *Run) attachRefused() {
-	if r.noAttach.Swap(true) {
-		return
-	}
-	r.cfg.Notice(fmt.Sprintf("run %s: the agent-wrap on %s has no attach command (it is older than this controller), so the job's output is not streamed", r.cfg.ID, r.cfg.Dest))
-	r.cfg.Notice(fmt.Sprintf("hint: 'agent-wrap deploy %s' installs this version; 'agent-wrap ssh' waits for the run's end meanwhile", r.cfg.Dest))
-}
-
 // reconcile asks the host for the run's verdict (nil when none came).
 func (r *Run) reconcile(ctx context.Context) (*reconcile.Verdict, callResult) {
 	return askVerdict(ctx, r.h, r.cfg.ID, r.cfg.Grace+30*time.Second)
@@ -796,213 +506,4 @@ func (r *Run) unknown(reason string) int {
 	r.cfg.Notice(fmt.Sprintf("run %s on %s: outcome unknown: %s", r.cfg.ID, r.cfg.Dest, reason))
 	r.cfg.Notice(fmt.Sprintf("hint: 'agent-wrap settle %s' asks the host again and records the outcome", r.cfg.ID))
 	return exitcode.Lost
-}
-
-// giveUp leaves the run unsettled for settle and returns 255; a run no
-// launch attempt can have sent is settled not_started instead (nothing
-// will ever start it), so that settle does not wait on a host that may
-// never answer.
-func (r *Run) giveUp() int {
-	reason := fmt.Sprintf("no renewal succeeded for %v (--give-up); the lease has ended the run on the host", r.cfg.GiveUp)
-	if !r.isLaunched() && !r.mayHaveSent.Load() {
-		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); no attempt got as far as the login, so the command was never sent", r.cfg.Dest, r.cfg.GiveUp)
-		r.settle(ledger.NotStarted, -1, "", reason)
-		r.cfg.Notice(fmt.Sprintf("run %s: not started: %s", r.cfg.ID, reason))
-		return exitcode.Lost
-	}
-	if !r.isLaunched() {
-		reason = fmt.Sprintf("%s could not be reached for %v (--give-up); the run was never seen to start", r.cfg.Dest, r.cfg.GiveUp)
-	}
-	r.leave(reason)
-	return r.unknown(reason)
-}
-
-// leave leaves the run unsettled for settle, saying why: the same
-// whatever signals arrived, launching for a run never seen to start
-// (settle may find it not started), else detached (onGiveUp).
-func (r *Run) leave(reason string) {
-	r.move(onGiveUp, func(l *ledger.Record, _ runState) {
-		l.Reason = reason
-		l.ControllerPID, l.ControllerStart = 0, 0
-	})
-}
-
-// renewLoop renews the lease every RenewEvery over its own connection,
-// once the run is launched, until a renewal is refused or ctx ends.
-func (r *Run) renewLoop(ctx context.Context) {
-	if r.cfg.Lease < 0 {
-		return
-	}
-	select {
-	case <-r.launched:
-	case <-ctx.Done():
-		return
-	}
-	r.lastRenew.Store(time.Now().UnixNano()) // the launch renewed it
-	t := time.NewTimer(r.renewDelay())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-r.renewNow:
-		}
-		t.Reset(r.renewDelay())
-		nl, ok, why := r.nestedRenewal()
-		if !ok {
-			r.renewFailed.Store(true)
-			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": why})
-			return
-		}
-		rr := r.renewCall(ctx, nl) // renewbatch.go
-		switch {
-		case ctx.Err() != nil:
-			return
-		case rr.ok:
-			r.lastRenew.Store(time.Now().UnixNano())
-			var f map[string]any
-			if rr.batch > 0 {
-				f = map[string]any{"batch": rr.batch}
-			}
-			r.ev.emit(EvRenewed, f)
-			r.attached()
-			r.nestedRenewed(nl)
-		case rr.lost != "":
-			r.ev.emit(EvRenewFailed, map[string]any{"reason": "unreachable", "error": rr.lost})
-		default:
-			// Refused: the run is terminal, cancelling, or past its
-			// deadline. Renewing stops; the stream tells the outcome.
-			r.renewFailed.Store(true)
-			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": rr.refused})
-			return
-		}
-	}
-}
-
-// cancelLoop waits for Cancel, then for the launch, then sends
-// `cancel --json --wait` over new connections until the host confirms it.
-func (r *Run) cancelLoop(ctx context.Context) {
-	select {
-	case <-r.cancelCh:
-	case <-ctx.Done():
-		return
-	}
-	select {
-	case <-r.launched:
-	case <-ctx.Done():
-		return
-	}
-	b := backoff{}
-	wait := r.cfg.Grace + 30*time.Second
-	words := r.cancelWords(wait) // cancelgrace.go
-	for ctx.Err() == nil {
-		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote(words...), &out, &errb)
-		if res.code == exitcode.OK {
-			line := strings.TrimSpace(out.String())
-			if f, ok := parseFinal(r.cfg.ID, line); ok {
-				r.cancelFinal.Store(&f)
-			}
-			close(r.cancelled)
-			r.ev.emit(EvCancelConfirmed, map[string]any{"record": line})
-			return
-		}
-		if res.code == exitcode.NoInput {
-			return // no such run: nothing to cancel
-		}
-		if res.code == exitcode.Usage && words[1] == "--json" && olderCancel(errb.String()) {
-			// An agent-wrap older than cancel --json: its plain cancel
-			// still stops the run and exits 0 only once it is confirmed
-			// terminal; the final record is then learned as after any
-			// cancel whose answer could not be read (wait, reconcile).
-			r.cfg.Notice(fmt.Sprintf("run %s: the agent-wrap on %s has no cancel --json (it is older than this controller): cancelling with its plain cancel; 'agent-wrap deploy %s' installs this version", r.cfg.ID, r.cfg.Dest, r.cfg.Dest))
-			words = append(words[:1:1], words[2:]...)
-			continue
-		}
-		b.wait(ctx)
-	}
-}
-
-// olderCancel reports whether a host's cancel refused --json as a flag it
-// does not know (pflag's words).
-func olderCancel(stderr string) bool {
-	return strings.Contains(stderr, "unknown flag: --json")
-}
-
-// backoff spaces reattach attempts: the first at once (a lost session is
-// most often a master or client that died, replaced in milliseconds), then
-// 0.2 s doubling to 5 s.
-type backoff struct {
-	d       time.Duration
-	retried bool // the at-once retry was used
-}
-
-func (b *backoff) reset() { b.d, b.retried = 0, false }
-
-// wait sleeps the next interval, ending early when ctx ends.
-func (b *backoff) wait(ctx context.Context) {
-	if !b.retried {
-		b.retried = true
-		return
-	}
-	if b.d == 0 {
-		b.d = backoffMin
-	} else if b.d *= 2; b.d > backoffMax {
-		b.d = backoffMax
-	}
-	t := time.NewTimer(b.d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
-// countingWriter counts the bytes of one of the job's streams that
-// arrived (n: the offset a reattach starts from) and those written to w
-// (delivered). Once a write to w fails (the reader of the controller's
-// stdout went away, as with '| head'), nothing more is written, the rest
-// is counted as arrived and dropped, and onClosed is called once.
-type countingWriter struct {
-	mu        sync.Mutex
-	w         io.Writer
-	n         atomic.Int64
-	delivered atomic.Int64
-	closed    atomic.Bool
-	onWrite   func()          // called after each write, outside the lock
-	onClosed  func(err error) // called once, when a write to w fails, outside the lock
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	var failed error
-	if !c.closed.Load() {
-		k, err := c.w.Write(p)
-		c.delivered.Add(int64(k))
-		if err != nil {
-			c.closed.Store(true)
-			failed = err
-		}
-	}
-	c.n.Add(int64(len(p)))
-	c.mu.Unlock()
-	if failed != nil && c.onClosed != nil {
-		c.onClosed(failed)
-	}
-	if c.onWrite != nil && len(p) > 0 {
-		c.onWrite()
-	}
-	return len(p), nil
-}
-
-// outputClosed answers a reader that went away (a write to the
-// controller's stdout or stderr failed): as ssh's SIGPIPE ends `ssh HOST
-// CMD | head`, the run is cancelled, and the ledger and the events say
-// what was delivered and that the reader went away.
-func (r *Run) outputClosed(stream string, w *countingWriter, err error) {
-	r.update(func(*ledger.Record) {}) // enqueue writes the closed flags and the counts
-	r.ev.emit(EvOutputClosed, map[string]any{"stream": stream, "delivered": w.delivered.Load(), "error": err.Error()})
-	r.cfg.Notice(fmt.Sprintf("run %s: the reader of its %s went away after %d bytes (%v); cancelling the run, as ssh's SIGPIPE would end it", r.cfg.ID, stream, w.delivered.Load(), err))
-	r.Cancel()
 }

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
@@ -276,30 +275,6 @@ func heartbeatLoop() {
 			cancel()
 		}
 	}
-}
-
-// Follow drives the run to its end; see the package doc. It returns the
-// exit code for the controller: the run's, or 255 when unknown, when the
-// ledger stayed away past --give-up, or when someone else settled the run
-// meanwhile (ledger.ErrLost: this controller does not overwrite it).
-func (r *Run) Follow(ctx context.Context) int {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	r.startHeartbeat()
-	defer r.stopHeartbeat()
-	go func() {
-		select {
-		case <-r.w.fatal:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	code := r.follow(ctx)
-	if err := r.w.finish(); err != nil {
-		r.cfg.Notice(err.Error())
-		return exitcode.Lost
-	}
-	return code
 }
 
 // OwnerGone reports whether rec's owner no longer drives it, as this
