@@ -8,6 +8,8 @@ package controller
 // lives; after a lost connection the reattach does not bring it back (see
 // docs/controller.md).
 
+import "github.com/agent-wrap/agent-wrap/controller/transport"
+
 // Agent modes of Config.Agent: the values of the host's `run --agent`.
 const (
 	AgentScoped  = "scoped"  // forwarded, and relayed to the job only while the run is live and leased
@@ -38,7 +40,7 @@ func (r *Run) agentFlags() []string {
 // agent mode and OpenSSH, one that forwards the controller's agent
 // (scoped, inherit) or refuses to (none), whatever the user's ssh
 // configuration says; otherwise the run's host as it is.
-func (r *Run) launchHost() *host {
+func (r *Run) launchHost() *transport.Host {
 	opt := ""
 	switch r.cfg.Agent {
 	case AgentScoped, AgentInherit:
@@ -52,14 +54,10 @@ func (r *Run) launchHost() *host {
 	case AgentNone:
 		opt = "ForwardAgent=no"
 	}
-	if opt == "" || !isSSH(r.h.rsh) {
+	if opt == "" || !transport.IsSSH(r.h.Rsh()) {
 		return r.h
 	}
-	<-r.h.probed // the copy takes the probed keepalive options
-	h := *r.h
-	h.rsh = append([]string{r.h.rsh[0], "-o", opt}, r.h.rsh[1:]...)
-	// Its own connection: a session on agent-wrap's masters (mux.go)
-	// would forward the master's agent, if any, not this one.
-	h.mux = nil
-	return &h
+	// Its own connection: a session on agent-wrap's masters would forward
+	// the master's agent, if any, not this one.
+	return r.h.OwnConnection("-o", opt)
 }

@@ -6,12 +6,13 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
 // attach runs `attach --from N,M` from the byte counts delivered so far.
-func (r *Run) attach(ctx context.Context) callResult {
+func (r *Run) attach(ctx context.Context) transport.Result {
 	from := fmt.Sprintf("%d,%d", r.out.n.Load(), r.errw.n.Load())
 	if r.now().phase == phaseDetached {
 		r.reattaching.Store(from)
@@ -24,29 +25,29 @@ func (r *Run) attach(ctx context.Context) callResult {
 	}
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
-	var res callResult
+	var res transport.Result
 	snd, stdinFrom := (*stdinSender)(nil), []string(nil)
 	if !r.noAttach.Load() {
 		snd, stdinFrom = r.stdinSender() // stdin.go: the job's stdin, sent again from the oldest byte kept
 	}
-	line := r.h.remote(append(append([]string{"attach", "--from", from}, stdinFrom...), r.cfg.ID)...)
+	line := r.h.Remote(append(append([]string{"attach", "--from", from}, stdinFrom...), r.cfg.ID)...)
 	if r.noAttach.Load() {
 		// The host cannot stream: learn the end with wait (75 at the
 		// timeout, which finish takes for a live run and follows again).
-		line = r.h.remote("wait", "--timeout", "60s", r.cfg.ID)
+		line = r.h.Remote("wait", "--timeout", "60s", r.cfg.ID)
 	}
 	if snd != nil {
 		in, done, err := snd.pipe(nil)
 		if err != nil {
-			return callResult{code: exitcode.Lost, err: err}
+			return transport.Result{Code: exitcode.Lost, Err: err}
 		}
-		res = r.h.callIn(longSession(ctx), line, in, r.out, r.errw) // muxticket.go
+		res = r.h.Call(ctx, transport.Call{Line: line, Stdin: in, Stdout: r.out, Stderr: r.errw, Long: true})
 		snd.stop()
 		done()
 	} else {
-		res = r.h.call(longSession(ctx), line, r.out, r.errw) // muxticket.go
+		res = r.h.Call(ctx, transport.Call{Line: line, Stdout: r.out, Stderr: r.errw, Long: true})
 	}
-	if !res.lost() {
+	if !res.Lost() {
 		r.attached()
 		if r.cfg.Lease < 0 || r.renewFailed.Load() {
 			r.lastRenew.Store(time.Now().UnixNano())

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 )
 
@@ -28,8 +29,8 @@ func (r *Run) cancelLoop(ctx context.Context) {
 	words := r.cancelWords(wait) // cancelgrace.go
 	for ctx.Err() == nil {
 		var out, errb bytes.Buffer
-		res := r.h.callTimeout(ctx, wait+30*time.Second, r.h.remote(words...), &out, &errb)
-		if res.code == exitcode.OK {
+		res := r.h.Call(ctx, transport.Call{Line: r.h.Remote(words...), Stdout: &out, Stderr: &errb, Timeout: wait + 30*time.Second})
+		if res.Code == exitcode.OK {
 			line := strings.TrimSpace(out.String())
 			if f, ok := parseFinal(r.cfg.ID, line); ok {
 				r.cancelFinal.Store(&f)
@@ -38,10 +39,10 @@ func (r *Run) cancelLoop(ctx context.Context) {
 			r.ev.emit(EvCancelConfirmed, map[string]any{"record": line})
 			return
 		}
-		if res.code == exitcode.NoInput {
+		if res.Code == exitcode.NoInput {
 			return // no such run: nothing to cancel
 		}
-		if res.code == exitcode.Usage && words[1] == "--json" && olderCancel(errb.String()) {
+		if res.Code == exitcode.Usage && words[1] == "--json" && olderCancel(errb.String()) {
 			// An agent-wrap older than cancel --json: its plain cancel
 			// still stops the run and exits 0 only once it is confirmed
 			// terminal; the final record is then learned as after any

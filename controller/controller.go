@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
@@ -92,7 +93,7 @@ const exitCancelledBeforeLaunch = exitcode.TERM
 type Run struct {
 	cfg  Config
 	argv []string
-	h    *host
+	h    *transport.Host
 	ev   *eventLog
 
 	mu  sync.Mutex
@@ -190,12 +191,12 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	if cfg.LogDir == "" {
 		cfg.LogDir = os.TempDir()
 	}
-	h, err := newHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.LogDir, cfg.ID)
+	h, err := transport.NewHost(cfg.Rsh, cfg.Dest, cfg.RemoteBin, cfg.RemoteRoot, cfg.LogDir, cfg.ID)
 	if err != nil {
 		return nil, err
 	}
-	if err := h.setMux(cfg.Mux, cfg.MuxDir); err != nil {
-		h.close()
+	if err := h.SetMux(cfg.Mux, cfg.MuxDir); err != nil {
+		h.Close()
 		return nil, err
 	}
 	r := &Run{
@@ -222,7 +223,7 @@ func Start(cfg Config, argv []string) (*Run, error) {
 	}
 	r.rec.ControllerStart = Self().Start
 	if err := createLaunching(&r.cfg, &r.rec); err != nil {
-		h.close()
+		h.Close()
 		return nil, err
 	}
 	r.w = newWriter(cfg.Ledger, cfg.ID, cfg.GiveUp, cfg.Notice)
@@ -346,7 +347,7 @@ func isClosed(ch <-chan struct{}) bool {
 
 // follow is Follow's loop (owner.go has Follow).
 func (r *Run) follow(ctx context.Context) int {
-	defer r.h.close()
+	defer r.h.Close()
 	if code, refused := r.registerNested(); refused {
 		return code
 	}
@@ -380,12 +381,12 @@ func (r *Run) follow(ctx context.Context) int {
 		if r.out.n.Load()+r.errw.n.Load() > delivered || time.Since(start) > backoffMax {
 			b.reset()
 		}
-		if res.lost() {
-			r.detached(res.why())
+		if res.Lost() {
+			r.detached(res.Why())
 			b.wait(ctx)
 			continue
 		}
-		if code, done := r.finish(ctx, res.code); done {
+		if code, done := r.finish(ctx, res.Code); done {
 			return code
 		}
 		b.wait(ctx)
@@ -460,14 +461,14 @@ func (r *Run) conclude(j judgment) int {
 }
 
 // reconcile asks the host for the run's verdict (nil when none came).
-func (r *Run) reconcile(ctx context.Context) (*reconcile.Verdict, callResult) {
+func (r *Run) reconcile(ctx context.Context) (*reconcile.Verdict, transport.Result) {
 	return askVerdict(ctx, r.h, r.cfg.ID, r.cfg.Grace+30*time.Second)
 }
 
-func askVerdict(ctx context.Context, h *host, id string, timeout time.Duration) (*reconcile.Verdict, callResult) {
+func askVerdict(ctx context.Context, h *transport.Host, id string, timeout time.Duration) (*reconcile.Verdict, transport.Result) {
 	var out, errb bytes.Buffer
-	res := h.callTimeout(ctx, timeout, h.remote("reconcile", "--json", id), &out, &errb)
-	if res.lost() {
+	res := h.Call(ctx, transport.Call{Line: h.Remote("reconcile", "--json", id), Stdout: &out, Stderr: &errb, Timeout: timeout})
+	if res.Lost() {
 		return nil, res
 	}
 	var v reconcile.Verdict

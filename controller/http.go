@@ -20,14 +20,13 @@ package controller
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strings"
 	"sync"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/httpgw"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
@@ -81,27 +80,6 @@ func (g *httpLaunch) forget() {
 	g.lines = nil
 }
 
-// stdinKey is the context key of the bytes a call writes to its client's
-// stdin (withStdin).
-type stdinKey struct{}
-
-// withStdin returns ctx for a call whose client reads b on stdin, then
-// EOF. Without it (or with no bytes) the client's stdin is /dev/null.
-func withStdin(ctx context.Context, b []byte) context.Context {
-	if len(b) == 0 {
-		return ctx
-	}
-	return context.WithValue(ctx, stdinKey{}, b)
-}
-
-// stdinOf is the client's stdin for a call with ctx: nil for /dev/null.
-func stdinOf(ctx context.Context) io.Reader {
-	if b, ok := ctx.Value(stdinKey{}).([]byte); ok {
-		return bytes.NewReader(b)
-	}
-	return nil
-}
-
 // ErrRshNoStdin is an --rsh that would not pass the launch's stdin on
 // (OpenSSH's -n or -f, or StdinNull), so the gateways' secrets could not
 // reach the host.
@@ -110,14 +88,14 @@ var ErrRshNoStdin = errors.New("the ssh command does not pass stdin on")
 // stdinFlags matches a group of OpenSSH's argument-less flags holding -n
 // or -f.
 var stdinFlags = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*[nf][` + sshNoArgFlags + `]*$`)
+	return regexp.MustCompile(`^-[` + transport.SSHNoArgFlags + `]*[nf][` + transport.SSHNoArgFlags + `]*$`)
 })
 
 // CheckRshStdin reports whether rsh passes its stdin to the remote
 // command, as the launch of a run with gateways needs: ErrRshNoStdin
 // (wrapped, naming the word) when its words hold -n, -f or StdinNull.
 func CheckRshStdin(rsh []string) error {
-	if len(rsh) == 0 || !isSSH(rsh) {
+	if len(rsh) == 0 || !transport.IsSSH(rsh) {
 		return nil
 	}
 	for _, w := range rsh[1:] {

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
@@ -108,32 +107,6 @@ func TestHTTPLaunchRefusesUnloaded(t *testing.T) {
 	}
 	if g, gws, err := newHTTPLaunch(nil); err != nil || gws != nil || g.args != nil {
 		t.Errorf("no gateways: %+v %v %v", g, gws, err)
-	}
-}
-
-// A call's client reads the bytes given with withStdin, then EOF; any other
-// call's stdin is /dev/null (empty, not the controller's own stdin).
-func TestCallStdin(t *testing.T) {
-	dir := t.TempDir()
-	// RSH DEST LINE: sh -c 'cat > "$0"' DEST LINE: the "destination" is
-	// the file the client's stdin goes to.
-	h := &host{rsh: []string{"/bin/sh", "-c", `cat > "$0"`}, probed: make(chan struct{}), tmpdir: dir}
-	close(h.probed)
-	with := filepath.Join(dir, "with")
-	h.dest = with
-	if res := h.call(withStdin(context.Background(), []byte("line one\nline two\n")), "x", &bytes.Buffer{}, &bytes.Buffer{}); res.code != 0 {
-		t.Fatalf("call: %+v", res)
-	}
-	if b, _ := os.ReadFile(with); string(b) != "line one\nline two\n" {
-		t.Errorf("the client read %q", b)
-	}
-	without := filepath.Join(dir, "without")
-	h.dest = without
-	if res := h.call(context.Background(), "x", &bytes.Buffer{}, &bytes.Buffer{}); res.code != 0 {
-		t.Fatalf("call: %+v", res)
-	}
-	if b, err := os.ReadFile(without); err != nil || len(b) != 0 {
-		t.Errorf("a call without stdin read %q (%v), want nothing", b, err)
 	}
 }
 

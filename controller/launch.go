@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
@@ -16,7 +17,7 @@ import (
 // The detach's words (its record last) come first on stdout; what comes
 // after the record is the job's. It returns the record when one arrived,
 // and what came before it (messages) as said.
-func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
+func (r *Run) launch(ctx context.Context) (transport.Result, *launchRecord, string) {
 	lease := "0"
 	if r.cfg.Lease > 0 {
 		lease = r.cfg.Lease.String()
@@ -35,7 +36,7 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		defer snd.stop()
 	}
 	attachWords := append(append([]string{"attach", "--from", "0,0"}, stdinFrom...), r.cfg.ID)
-	line := r.h.remote(words...) + " 2>&1 && exec " + r.h.remote(attachWords...)
+	line := r.h.Remote(words...) + " 2>&1 && exec " + r.h.Remote(attachWords...)
 
 	ctx, cancel := r.withGiveUp(ctx)
 	defer cancel()
@@ -43,10 +44,10 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	stdin, forget := r.gw.stdin() // the gateways' secrets, sent again on each try
 	defer forget()
 	var gate *launchGate // launchgate.go
-	if lh.mux != nil {
+	if lh.Muxed() {
 		g, err := newLaunchGate(ctx)
 		if err != nil {
-			return callResult{code: exitcode.Lost, err: err, noLog: true}, nil, ""
+			return transport.Result{Code: exitcode.Lost, Err: err, NoLog: true}, nil, ""
 		}
 		gate, line = g, g.wrap(line)
 		// Through a master: the gate's pipe carries "go", then the
@@ -67,10 +68,10 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 		io.Copy(io.Discard, pr)
 	}()
 	errw := r.newLaunchStderr()
-	var res callResult
+	var res transport.Result
 	switch {
 	case gate != nil:
-		res = lh.callIn(longSession(ctx), line, gate.r, pw, errw)
+		res = lh.Call(ctx, transport.Call{Line: line, Stdin: gate.r, Stdout: pw, Stderr: errw, Long: true})
 		if snd != nil {
 			snd.stop()
 		}
@@ -78,18 +79,18 @@ func (r *Run) launch(ctx context.Context) (callResult, *launchRecord, string) {
 	case snd != nil:
 		in, done, err := snd.pipe(stdin)
 		if err != nil {
-			res = callResult{code: exitcode.Lost, err: err}
+			res = transport.Result{Code: exitcode.Lost, Err: err}
 			break
 		}
-		res = lh.callIn(ctx, line, in, pw, errw)
+		res = lh.Call(ctx, transport.Call{Line: line, Stdin: in, Stdout: pw, Stderr: errw})
 		snd.stop()
 		done()
 	default:
-		res = lh.call(withStdin(ctx, stdin), line, pw, errw)
+		res = lh.Call(ctx, transport.Call{Line: line, Input: stdin, Stdout: pw, Stderr: errw})
 	}
 	pw.Close()
 	<-done
-	res.early = errw.end()
+	res.Early = errw.end()
 	if said.Len() > 0 {
 		// What the host said before (or instead of) a record: agent-wrap's
 		// messages, or the shell's (command not found). Not the job's, so

@@ -3,10 +3,10 @@ package controller
 import (
 	"bytes"
 	"fmt"
-	"regexp"
 	"strings"
 	"sync"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
@@ -55,20 +55,20 @@ var permanentLines = []struct {
 
 // permanent reports whether a launch that ended without the run's record
 // failed permanently, and how.
-func (h *host) permanent(res callResult) (sshFailure, bool) {
-	if res.err != nil {
+func permanent(h *transport.Host, res transport.Result) (sshFailure, bool) {
+	if res.Err != nil {
 		// The client itself could not be started.
-		return sshFailure{line: res.err.Error(), hint: fmt.Sprintf("check --rsh (or $AGENT_WRAP_RSH): %q must be a program on PATH", h.rsh[0])}, true
+		return sshFailure{line: res.Err.Error(), hint: fmt.Sprintf("check --rsh (or $AGENT_WRAP_RSH): %q must be a program on PATH", h.Rsh()[0])}, true
 	}
-	if res.code != exitcode.Lost {
+	if res.Code != exitcode.Lost {
 		return sshFailure{}, false
 	}
-	for _, text := range []string{res.fullLog, res.early} {
+	for _, text := range []string{res.FullLog, res.Early} {
 		for _, line := range strings.Split(text, "\n") {
 			line = strings.TrimSpace(line)
 			for _, p := range permanentLines {
 				if strings.Contains(line, p.pat) {
-					return sshFailure{line: line, hint: fmt.Sprintf(p.hint, h.dest, h.rsh[0])}, true
+					return sshFailure{line: line, hint: fmt.Sprintf(p.hint, h.Dest(), h.Rsh()[0])}, true
 				}
 			}
 		}
@@ -99,104 +99,35 @@ var preLoginLines = []string{
 // (failed, or killed by a cancel) may have sent its command to the host.
 // It is false only on evidence: the client never started or ended before
 // opening its log, ssh said why it stopped before the login, or, where
-// ssh's log can tell (OpenSSH at LogLevel VERBOSE, see logLevelOpts, with
+// ssh's log can tell (OpenSSH at LogLevel VERBOSE, see the transport's logLevelOpts, with
 // no connection sharing that could carry the command without a login of
 // its own, neither the user's nor agent-wrap's: see mux.go), the log lacks
 // the "Authenticated to" line that ssh writes after the login and before
 // it opens the session that sends the command.
-func (h *host) mayHaveSent(res callResult) bool {
-	if res.err != nil {
+func mayHaveSent(h *transport.Host, res transport.Result) bool {
+	if res.Err != nil {
 		return false
 	}
-	if !isSSH(h.rsh) {
+	if !transport.IsSSH(h.Rsh()) {
 		return true // no log to judge by
 	}
-	if _, ok := h.permanent(res); ok {
+	if _, ok := permanent(h, res); ok {
 		return false
 	}
-	for _, line := range strings.Split(res.fullLog, "\n") {
+	for _, line := range strings.Split(res.FullLog, "\n") {
 		for _, p := range preLoginLines {
 			if strings.Contains(line, p) {
 				return false
 			}
 		}
 	}
-	if res.noLog {
+	if res.NoLog {
 		return false // ssh opens its log before it connects
 	}
-	if quietFlag(h.rsh) || muxPossible(h.rsh) || res.viaMux {
+	if transport.QuietFlag(h.Rsh()) || transport.MuxPossible(h.Rsh()) || res.ViaMux {
 		return true
 	}
-	return strings.Contains("\n"+res.fullLog, "\nAuthenticated to ")
-}
-
-// logLevelOpts returns the LogLevel to give OpenSSH's client, ahead of
-// the user's words so that it holds (ssh takes an option's first value):
-// VERBOSE, for the "Authenticated to" line that tells a launch that may
-// have sent its command from one that cannot have. The log is the
-// controller's own (-E): ssh's words never reach the job's streams.
-func logLevelOpts(rsh []string) []string {
-	if !isSSH(rsh) {
-		return nil
-	}
-	return []string{"-o", "LogLevel=VERBOSE"}
-}
-
-// sshNoArgFlags are OpenSSH's flags that take no argument, so a word made
-// of them is a group of flags.
-const sshNoArgFlags = "46AaCfGgKkMNnqsTtVvXxYy"
-
-// Compiled on first use: every agent-wrap command, a wrapper too, would
-// otherwise compile them at start, the largest package init on the run
-// path (about 0.2 ms and 84 allocations).
-var (
-	quietGroup = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*q[` + sshNoArgFlags + `]*$`)
-	})
-	socketFlag = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^-[` + sshNoArgFlags + `]*S`) })
-)
-
-// quietFlag reports whether the rsh words hold -q, which silences ssh's
-// log whatever LogLevel says.
-func quietFlag(rsh []string) bool {
-	for _, w := range rsh[1:] {
-		if quietGroup().MatchString(w) {
-			return true
-		}
-	}
-	return false
-}
-
-// muxPossible reports whether a call may go over a shared connection
-// (ControlPath, -S), which sends the command without a login of its own.
-// A mention anywhere in the rsh words or the ssh configuration counts.
-func muxPossible(rsh []string) bool {
-	for _, w := range rsh[1:] {
-		if strings.Contains(strings.ToLower(w), "controlpath") || socketFlag().MatchString(w) {
-			return true
-		}
-	}
-	return configMentions(rsh, "controlpath") != notMentioned
-}
-
-// sshReason returns the last line of ssh's log that can say why a
-// connection ended: not the lines LogLevel VERBOSE adds to every
-// connection (the login, the byte counts) nor the known-hosts notice.
-func sshReason(log string) string {
-	lines := strings.Split(strings.TrimSpace(log), "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		l := strings.TrimSpace(lines[i])
-		switch {
-		case l == "",
-			strings.HasPrefix(l, "Authenticated to "),
-			strings.HasPrefix(l, "Transferred: "),
-			strings.HasPrefix(l, "Bytes per second: "),
-			strings.HasPrefix(l, "Warning: Permanently added "):
-			continue
-		}
-		return l
-	}
-	return ""
+	return strings.Contains("\n"+res.FullLog, "\nAuthenticated to ")
 }
 
 // launchStderr is the launch connection's stderr. Until the run's record

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/reconcile"
@@ -43,7 +44,7 @@ type facts struct {
 	// verdict (nil when none came) and res how the call ended.
 	asked bool
 	v     *reconcile.Verdict
-	res   callResult
+	res   transport.Result
 
 	dest, bin string // the destination and remote agent-wrap, for the reasons
 	said      string // atLaunch: what the host said instead of a record
@@ -94,14 +95,14 @@ type judgment struct {
 // noSuchRun reports whether the host answered that it has no run of the
 // ID: reconcile's 66, which comes without a verdict (for one ID, reconcile
 // prints either a verdict or 66, never both).
-func noSuchRun(v *reconcile.Verdict, res callResult) bool {
-	return v == nil && res.code == exitcode.NoInput
+func noSuchRun(v *reconcile.Verdict, res transport.Result) bool {
+	return v == nil && res.Code == exitcode.NoInput
 }
 
 // noAgentWrap reports whether the host has no agent-wrap where the record
 // says: the shell's 127 for the reconcile command itself.
-func noAgentWrap(v *reconcile.Verdict, res callResult) bool {
-	return v == nil && res.code == exitcode.NotFound
+func noAgentWrap(v *reconcile.Verdict, res transport.Result) bool {
+	return v == nil && res.Code == exitcode.NotFound
 }
 
 // unambiguous reports whether an attach's exit code can only be the run's
@@ -118,13 +119,13 @@ func judge(f facts) judgment {
 	}
 	v, res := f.v, f.res
 	switch {
-	case res.lost() && f.at == atLaunch:
+	case res.Lost() && f.at == atLaunch:
 		// A launch failed and the host cannot be asked why: Follow does
 		// not retry (the launch's own retries are over), it leaves the
 		// run for settle, saying what is known.
-		return leave(true, fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", f.code, res.why()))
-	case res.lost():
-		return judgment{next: doRetry, reason: fmt.Sprintf("cannot reach %s: %s", f.dest, res.why())}
+		return leave(true, fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", f.code, res.Why()))
+	case res.Lost():
+		return judgment{next: doRetry, reason: fmt.Sprintf("cannot reach %s: %s", f.dest, res.Why())}
 	case v != nil && (v.Outcome == reconcile.Completed || v.Outcome == reconcile.Cancelled):
 		return judgeDecided(f)
 	case noAgentWrap(v, res) && f.at == atLaunch:
@@ -150,9 +151,9 @@ func judge(f facts) judgment {
 	case noSuchRun(v, res) && f.at == atSettle:
 		return judgment{next: doSettle, outcome: ledger.Unknown, code: -1, reason: "the host has no run of this ID, though it was seen " + f.state}
 	case v == nil && f.at == atLaunch:
-		return leave(true, fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", f.code, res.why()))
+		return leave(true, fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", f.code, res.Why()))
 	case v == nil:
-		return leave(false, fmt.Sprintf("reconcile on %s exited %d without a verdict", f.dest, res.code))
+		return leave(false, fmt.Sprintf("reconcile on %s exited %d without a verdict", f.dest, res.Code))
 	case f.at == atLaunch:
 		// The ID is there but not ours to have started: a live or unknown
 		// run (the launch's 75). It was not started by this call.

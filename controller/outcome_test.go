@@ -3,6 +3,7 @@ package controller
 import (
 	"testing"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/reconcile"
@@ -21,18 +22,18 @@ func verdict(outcome string, code int, cause, reason string) *reconcile.Verdict 
 
 // answered is how the reconcile call ended when it gave v: reconcile's
 // own exit code for that outcome.
-func answered(v *reconcile.Verdict) callResult {
-	return callResult{code: reconcile.OutcomeExit(v.Outcome)}
+func answered(v *reconcile.Verdict) transport.Result {
+	return transport.Result{Code: reconcile.OutcomeExit(v.Outcome)}
 }
 
 var (
-	lostCall = callResult{code: exitcode.Lost, sshLog: "Connection closed by 127.0.0.1 port 22"}
-	noRun    = callResult{code: exitcode.NoInput}
-	noBin    = callResult{code: exitcode.NotFound}
+	lostCall = transport.Result{Code: exitcode.Lost, SSHLog: "Connection closed by 127.0.0.1 port 22"}
+	noRun    = transport.Result{Code: exitcode.NoInput}
+	noBin    = transport.Result{Code: exitcode.NotFound}
 )
 
 // asked returns f with the host's answer.
-func asked(f facts, v *reconcile.Verdict, res callResult) facts {
+func asked(f facts, v *reconcile.Verdict, res transport.Result) facts {
 	f.asked, f.v, f.res = true, v, res
 	return f
 }
@@ -96,13 +97,13 @@ func TestJudge(t *testing.T) {
 		{"end/cancelled", asked(end(exitcode.TERM), cancelledV, answered(cancelledV)),
 			judgment{next: doSettle, outcome: ledger.Cancelled, code: 143, cause: "cancel", exit: 143},
 			"the verdict's outcome, code and cause are recorded; its reason is not (the record's fields say it)"},
-		{"end/verdict without a code", asked(end(exitcode.Lease), verdict(reconcile.Cancelled, -1, "lease", ""), callResult{}),
+		{"end/verdict without a code", asked(end(exitcode.Lease), verdict(reconcile.Cancelled, -1, "lease", ""), transport.Result{}),
 			judgment{next: doSettle, outcome: ledger.Cancelled, code: 124, cause: "lease", exit: 124},
 			"a verdict without a code keeps the one the attach saw"},
 		{"end/64 was attach's", asked(end(exitcode.Usage), completed, answered(completed)),
 			judgment{next: doSettle, outcome: ledger.Completed, code: 0, exit: 0, noAttach: true},
 			"the run completed 0 yet the attach said 64: the 64 was the host's agent-wrap refusing attach"},
-		{"end/64 was the run's", asked(end(exitcode.Usage), verdict(reconcile.Completed, exitcode.Usage, "", ""), callResult{}),
+		{"end/64 was the run's", asked(end(exitcode.Usage), verdict(reconcile.Completed, exitcode.Usage, "", ""), transport.Result{}),
 			judgment{next: doSettle, outcome: ledger.Completed, code: 64, exit: 64},
 			"the run's own code was 64: attach works"},
 		{"end/live", asked(end(exitcode.TempFail), running, answered(running)), judgment{next: doFollow, reason: running.Reason},
@@ -119,7 +120,7 @@ func TestJudge(t *testing.T) {
 		{"end/no agent-wrap", asked(end(exitcode.TERM), nil, noBin),
 			judgment{next: doLeave, code: -1, reason: "reconcile on h exited 127 without a verdict", exit: 255},
 			"the agent-wrap that streamed the run is gone from its path: nothing is known of the end"},
-		{"end/no verdict", asked(end(exitcode.TERM), nil, callResult{code: 1}),
+		{"end/no verdict", asked(end(exitcode.TERM), nil, transport.Result{Code: 1}),
 			judgment{next: doLeave, code: -1, reason: "reconcile on h exited 1 without a verdict", exit: 255},
 			"an answer that is not a verdict: nothing to record"},
 
@@ -155,7 +156,7 @@ func TestJudge(t *testing.T) {
 		{"launch/lost", asked(launch(exitcode.Software, ""), nil, lostCall),
 			judgment{next: doLeave, code: -1, reason: "launch exited 70 and the host gave no verdict (Connection closed by 127.0.0.1 port 22)", exit: 255, record: true},
 			"the launch failed and the host cannot be asked: left launching, the reason in the record for settle"},
-		{"launch/no verdict", asked(launch(exitcode.Software, ""), nil, callResult{code: 1}),
+		{"launch/no verdict", asked(launch(exitcode.Software, ""), nil, transport.Result{Code: 1}),
 			judgment{next: doLeave, code: -1, reason: "launch exited 70 and the host gave no verdict (ssh exited 1)", exit: 255, record: true},
 			"an answer that is not a verdict: the same"},
 
@@ -176,15 +177,15 @@ func TestJudge(t *testing.T) {
 		{"settle/no agent-wrap", asked(settle(ledger.Launching), nil, noBin),
 			judgment{next: doLeave, code: -1, reason: `h has no agent-wrap at "/opt/aw" (exit 127)`, exit: 255},
 			"no agent-wrap to ask is no verdict: unreachable, nothing recorded (it may have been removed after the launch)"},
-		{"settle/no verdict", asked(settle(ledger.Detached), nil, callResult{code: exitcode.Config}),
+		{"settle/no verdict", asked(settle(ledger.Detached), nil, transport.Result{Code: exitcode.Config}),
 			judgment{next: doLeave, code: -1, reason: "reconcile on h exited 78 without a verdict", exit: 255},
 			"an answer that is not a verdict: unreachable"},
 		{"settle/live", asked(settle(ledger.Detached), running, answered(running)), judgment{next: doFollow, reason: running.Reason},
 			"the run is still running: settle leaves it, and says the host's reason"},
-		{"settle/completed", asked(settle(ledger.Detached), verdict(reconcile.Completed, 3, "", "the job finished with exit code 3"), callResult{}),
+		{"settle/completed", asked(settle(ledger.Detached), verdict(reconcile.Completed, 3, "", "the job finished with exit code 3"), transport.Result{}),
 			judgment{next: doSettle, outcome: ledger.Completed, code: 3, exit: 3},
 			"the verdict's outcome and code; its reason is not recorded, as at Follow's end"},
-		{"settle/verdict without a code", asked(settle(ledger.Detached), verdict(reconcile.Cancelled, -1, "lease", ""), callResult{}),
+		{"settle/verdict without a code", asked(settle(ledger.Detached), verdict(reconcile.Cancelled, -1, "lease", ""), transport.Result{}),
 			judgment{next: doSettle, outcome: ledger.Cancelled, code: -1, cause: "lease", exit: -1},
 			"settle saw no code of its own: none is recorded"},
 		{"settle/unknown", asked(settle(ledger.Detached), unknown, answered(unknown)),
@@ -197,5 +198,13 @@ func TestJudge(t *testing.T) {
 				t.Errorf("judge =\n  %+v\nwant\n  %+v\nbecause %s", got, r.want, r.why)
 			}
 		})
+	}
+}
+
+func TestUnambiguous(t *testing.T) {
+	for code, want := range map[int]bool{0: true, 2: true, 7: true, 137: true, 1: false, 66: false, 75: false, 124: false, 127: false, 143: false, 130: false} {
+		if unambiguous(code) != want {
+			t.Errorf("unambiguous(%d) = %v", code, !want)
+		}
 	}
 }

@@ -61,14 +61,14 @@ func (r *Run) launchStep(ctx context.Context, b *backoff, probe *bool) (code int
 			return r.cancelledBeforeLaunch("cancelled before the launch reached the host")
 		case noSuchRun(v, res):
 			*probe = false // never claimed: launch again (the claim is atomic)
-		case res.lost() && r.cancelRequested():
+		case res.Lost() && r.cancelRequested():
 			return r.cancelMaybeLaunched(ctx)
-		case res.lost():
-			r.detached(res.why())
+		case res.Lost():
+			r.detached(res.Why())
 			b.wait(cctx)
 			return 0, false
 		default:
-			return r.launchFailed(ctx, res.code, ""), true
+			return r.launchFailed(ctx, res.Code, ""), true
 		}
 	}
 	if r.cancelRequested() {
@@ -76,26 +76,26 @@ func (r *Run) launchStep(ctx context.Context, b *backoff, probe *bool) (code int
 	}
 	res, rec, said := r.launch(cctx)
 	switch {
-	case rec != nil && res.lost():
-		r.detached(res.why())
+	case rec != nil && res.Lost():
+		r.detached(res.Why())
 		b.wait(ctx)
 		return 0, false
 	case rec != nil:
-		return r.finish(ctx, res.code)
-	case !res.lost():
-		return r.launchFailed(ctx, res.code, said), true
+		return r.finish(ctx, res.Code)
+	case !res.Lost():
+		return r.launchFailed(ctx, res.Code, said), true
 	}
-	if f, ok := r.h.permanent(res); ok && !r.cancelRequested() {
+	if f, ok := permanent(r.h, res); ok && !r.cancelRequested() {
 		return r.cannotConnect(f), true
 	}
-	*probe = r.h.mayHaveSent(res)
+	*probe = mayHaveSent(r.h, res)
 	if *probe {
 		r.mayHaveSent.Store(true)
 	}
 	if r.cancelRequested() {
 		return 0, false // the next step answers the cancel
 	}
-	r.detached(res.why())
+	r.detached(res.Why())
 	b.wait(cctx)
 	return 0, false
 }
@@ -122,11 +122,11 @@ func (r *Run) cancelMaybeLaunched(ctx context.Context) (int, bool) {
 	case noSuchRun(v, res):
 		return r.cancelledBeforeLaunch("cancelled before the launch reached the host")
 	}
-	why := res.why()
-	if res.code == -1 && res.sshLog == "" {
+	why := res.Why()
+	if res.Code == -1 && res.SSHLog == "" {
 		why = fmt.Sprintf("no answer within %v", launchProbeTimeout)
-	} else if !res.lost() {
-		why = fmt.Sprintf("reconcile exited %d without a verdict", res.code)
+	} else if !res.Lost() {
+		why = fmt.Sprintf("reconcile exited %d without a verdict", res.Code)
 	}
 	reason := fmt.Sprintf("cancelled while a launch may have reached %s, and the host could not be asked (%s)", r.cfg.Dest, why)
 	r.leave(reason) // never seen to start: launching, as after a give-up

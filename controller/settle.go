@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -82,12 +83,12 @@ func Settle(ctx context.Context, l ledger.Store, id string, opt SettleOptions) (
 		}
 		return rec, SettleRunning, fmt.Errorf("its controller (%s) is still driving it", who)
 	}
-	h, err := newHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, os.TempDir(), id)
+	h, err := transport.NewHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, os.TempDir(), id)
 	if err != nil {
 		return rec, SettleUnreachable, err
 	}
-	defer h.close()
-	h.noKeepalive() // one short call: ssh's own timeouts do
+	defer h.Close()
+	h.NoKeepalive() // one short call: ssh's own timeouts do
 	v, res := askVerdict(ctx, h, id, time.Duration(rec.Grace*float64(time.Second))+60*time.Second)
 	j := judge(facts{at: atSettle, code: -1, state: rec.State, asked: true, v: v, res: res, dest: rec.Dest, bin: rec.RemoteBin})
 	switch j.next {
@@ -103,7 +104,7 @@ func Settle(ctx context.Context, l ledger.Store, id string, opt SettleOptions) (
 	}
 	// The controller is gone (checked above): what it left of ssh's logs
 	// is of no further use.
-	removeSSHLogs(opt.LogDir, id)
+	transport.RemoveSSHLogs(opt.LogDir, id)
 	if j.outcome == ledger.Unknown {
 		return rec, SettleUnknown, nil
 	}

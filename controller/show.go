@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/timeline"
 )
@@ -26,29 +27,29 @@ var ErrHostNoRun = errors.New("the host has no run of this ID (never started, or
 // the run is ErrHostNoRun and 66; ssh's log files go to a directory in
 // logDir, removed before it returns.
 func HostShow(ctx context.Context, rec *ledger.Record, logDir string, timeout time.Duration) (*timeline.Show, int, error) {
-	h, err := newHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, logDir, rec.RunID)
+	h, err := transport.NewHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, logDir, rec.RunID)
 	if err != nil {
 		return nil, 255, err
 	}
-	defer h.close()
-	h.noKeepalive() // one short call: ssh's own timeouts do
+	defer h.Close()
+	h.NoKeepalive() // one short call: ssh's own timeouts do
 	var out, errb bytes.Buffer
-	res := h.callTimeout(ctx, timeout, h.remote("show", "--json", rec.RunID), &out, &errb)
-	if res.lost() {
-		return nil, 255, fmt.Errorf("cannot reach %s: %s", rec.Dest, res.why())
+	res := h.Call(ctx, transport.Call{Line: h.Remote("show", "--json", rec.RunID), Stdout: &out, Stderr: &errb, Timeout: timeout})
+	if res.Lost() {
+		return nil, 255, fmt.Errorf("cannot reach %s: %s", rec.Dest, res.Why())
 	}
 	var s timeline.Show
 	if err := json.Unmarshal(out.Bytes(), &s); err == nil && s.RunID == rec.RunID {
-		return &s, res.code, nil
+		return &s, res.Code, nil
 	}
 	last := lastLine(strings.TrimSpace(errb.String()))
 	switch {
-	case res.code == 66:
+	case res.Code == 66:
 		return nil, 66, ErrHostNoRun
-	case res.code == 127 || res.code == 126:
-		return nil, res.code, fmt.Errorf("%s has no agent-wrap at %q (exit %d)", rec.Dest, rec.RemoteBin, res.code)
-	case res.code == 64 && strings.Contains(last, "show"):
-		return nil, res.code, fmt.Errorf("the agent-wrap on %s has no show command (an older version): %s", rec.Dest, last)
+	case res.Code == 127 || res.Code == 126:
+		return nil, res.Code, fmt.Errorf("%s has no agent-wrap at %q (exit %d)", rec.Dest, rec.RemoteBin, res.Code)
+	case res.Code == 64 && strings.Contains(last, "show"):
+		return nil, res.Code, fmt.Errorf("the agent-wrap on %s has no show command (an older version): %s", rec.Dest, last)
 	}
-	return nil, res.code, fmt.Errorf("show on %s exited %d without a timeline: %s", rec.Dest, res.code, last)
+	return nil, res.Code, fmt.Errorf("show on %s exited %d without a timeline: %s", rec.Dest, res.Code, last)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller/transport"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/reconcile"
 )
@@ -17,18 +18,18 @@ import (
 // error naming why; ssh's log files go to a directory in logDir, removed
 // before it returns.
 func HostVerdict(ctx context.Context, rec *ledger.Record, logDir string, timeout time.Duration) (*reconcile.Verdict, error) {
-	h, err := newHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, logDir, rec.RunID)
+	h, err := transport.NewHost(rec.Rsh, rec.Dest, rec.RemoteBin, rec.RemoteRoot, logDir, rec.RunID)
 	if err != nil {
 		return nil, err
 	}
-	defer h.close()
-	h.noKeepalive() // one short call: ssh's own timeouts do
+	defer h.Close()
+	h.NoKeepalive() // one short call: ssh's own timeouts do
 	v, res := askVerdict(ctx, h, rec.RunID, timeout)
 	switch {
 	case v != nil:
 		return v, nil
-	case res.lost():
-		return nil, fmt.Errorf("cannot reach %s: %s", rec.Dest, res.why())
+	case res.Lost():
+		return nil, fmt.Errorf("cannot reach %s: %s", rec.Dest, res.Why())
 	}
-	return nil, fmt.Errorf("reconcile on %s exited %d without a verdict", rec.Dest, res.code)
+	return nil, fmt.Errorf("reconcile on %s exited %d without a verdict", rec.Dest, res.Code)
 }

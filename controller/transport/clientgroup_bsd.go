@@ -1,6 +1,6 @@
 //go:build darwin || freebsd
 
-package controller
+package transport
 
 import (
 	"os"

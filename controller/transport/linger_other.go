@@ -1,6 +1,6 @@
 //go:build !linux
 
-package controller
+package transport
 
 import "time"
 

@@ -1,4 +1,4 @@
-package controller
+package transport
 
 import (
 	"context"
@@ -120,8 +120,9 @@ func MuxDir(getenv func(string) string) string {
 // cannot be used, or Config.Mux is not a mode.
 var ErrMux = errors.New("mux")
 
-// setMux applies Config.Mux and MuxDir to h.
-func (h *host) setMux(mode, dir string) error {
+// SetMux applies a mux mode (MuxAuto, "" too, or MuxOff) and the
+// masters' socket directory ("": MuxDir(os.Getenv)) to h.
+func (h *Host) SetMux(mode, dir string) error {
 	switch mode {
 	case MuxOff:
 		return nil
@@ -145,8 +146,8 @@ const maxSocketPath = 103 - 17
 // the rsh is OpenSSH's and the user set no ControlPath (and no
 // ControlMaster) of their own. It reports whether it did; an unusable dir
 // is an error.
-func (h *host) useMux(dir string) (bool, error) {
-	if !isSSH(h.rsh) || setsControl(h.rsh, h.dest) || setsJump(h.rsh) {
+func (h *Host) useMux(dir string) (bool, error) {
+	if !IsSSH(h.rsh) || setsControl(h.rsh, h.dest) || setsJump(h.rsh) {
 		return false, nil
 	}
 	// The masters' sockets let anyone who can reach them run commands as
@@ -248,7 +249,7 @@ const (
 // one as needed, with a ticket of that master held for as long as its
 // client runs (muxticket.go). A session refused by a full master, or by a
 // dead one, is tried again on another: the remote command had not started.
-func (m *mux) call(ctx context.Context, h *host, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
+func (m *mux) call(ctx context.Context, h *Host, line string, stdin *os.File, stdout, stderr io.Writer) Result {
 	long := isLongSession(ctx)
 	tried := map[int]bool{}
 	dead := map[int]int{}
@@ -262,11 +263,11 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdin *os.File, st
 		}
 		slot := t.slot
 		r := h.exec(ctx, m.clientOpts(slot), line, stdin, stdout, stderr)
-		if r.code == 255 && strings.Contains(r.fullLog, markFull) {
+		if r.Code == 255 && strings.Contains(r.FullLog, markFull) {
 			m.learnCap(t) // it counts the others, then lets t go
 		}
 		t.release()
-		if r.lost() && !strings.Contains(r.fullLog, markFallback) {
+		if r.Lost() && !strings.Contains(r.FullLog, markFallback) {
 			// A session lost, or killed by its caller (a cancel, a
 			// timeout): its master may be dead or stuck (a network that
 			// went silent under it, which its keepalives notice only
@@ -274,17 +275,17 @@ func (m *mux) call(ctx context.Context, h *host, line string, stdin *os.File, st
 			// a new one if need be, and are not held up by it.
 			m.avoid(slot, suspectFor)
 		}
-		if r.code != 255 || ctx.Err() != nil || !strings.Contains(r.fullLog, markFallback) {
+		if r.Code != 255 || ctx.Err() != nil || !strings.Contains(r.FullLog, markFallback) {
 			// The session ran, or may have: its result. A session on a
 			// master has no login of its own, so no "Authenticated to"
 			// line can say the command was not sent (mayHaveSent).
-			r.viaMux = true
-			if r.code == 255 && r.sshLog == "" {
-				r.sshLog = "the session's ssh ControlMaster ended"
+			r.ViaMux = true
+			if r.Code == 255 && r.SSHLog == "" {
+				r.SSHLog = "the session's ssh ControlMaster ended"
 			}
 			return r
 		}
-		if strings.Contains(r.fullLog, markFull) {
+		if strings.Contains(r.FullLog, markFull) {
 			m.avoid(slot, fullFor)
 			m.sayFull(slot)
 			tried[slot] = true
@@ -369,7 +370,7 @@ func (m *mux) slots() []int {
 // finds no ticket waits in line (HASH.queue) for its turn to look. nil and
 // no result: every slot is taken and full. A non-nil result is a master
 // that could not be started (a connection that failed, as a call's would).
-func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool, long bool) (*ticket, *callResult) {
+func (m *mux) pick(ctx context.Context, h *Host, tried map[int]bool, long bool) (*ticket, *Result) {
 	if t := m.freeTicket(tried, long); t != nil {
 		return t, nil
 	}
@@ -399,7 +400,7 @@ func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool, long bool) 
 			unqueue()
 			res := m.start(ctx, h, slot)
 			os.Remove(m.sock(slot) + ".starting")
-			if res.code != 0 || res.err != nil {
+			if res.Code != 0 || res.Err != nil {
 				return nil, &res
 			}
 			if t := m.takeTicket(slot, long); t != nil {
@@ -413,7 +414,7 @@ func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool, long bool) 
 		select {
 		case <-ctx.Done():
 			tm.Stop()
-			return nil, &callResult{code: -1, sshLog: "waiting for a ControlMaster: " + ctx.Err().Error(), noLog: true}
+			return nil, &Result{Code: -1, SSHLog: "waiting for a ControlMaster: " + ctx.Err().Error(), NoLog: true}
 		case <-tm.C:
 		}
 	}
@@ -421,10 +422,10 @@ func (m *mux) pick(ctx context.Context, h *host, tried map[int]bool, long bool) 
 
 // lockFailed is the result of a call that could not take one of the
 // destination's locks: nothing was sent, no client was started.
-func lockFailed(ctx context.Context, what string, err error) *callResult {
-	res := callResult{code: 255, sshLog: what + " lock: " + err.Error(), noLog: true}
+func lockFailed(ctx context.Context, what string, err error) *Result {
+	res := Result{Code: 255, SSHLog: what + " lock: " + err.Error(), NoLog: true}
 	if ctx.Err() != nil {
-		res.code = -1
+		res.Code = -1
 	}
 	return &res
 }
@@ -436,7 +437,7 @@ const maxStarting = 2
 // that another caller started meanwhile, or marks the first free slot as
 // being started by this process and returns it, claimed; -2: maxStarting
 // are being started, wait; -1: no slot left.
-func (m *mux) claimSlot(ctx context.Context, tried map[int]bool, long bool) (t *ticket, slot int, res *callResult) {
+func (m *mux) claimSlot(ctx context.Context, tried map[int]bool, long bool) (t *ticket, slot int, res *Result) {
 	unlock, err := lockFile(ctx, m.base+".lock", syscall.LOCK_EX)
 	if err != nil {
 		return nil, 0, lockFailed(ctx, "the ControlMaster", err)
@@ -465,7 +466,7 @@ func (m *mux) claimSlot(ctx context.Context, tried map[int]bool, long bool) (t *
 	os.Remove(m.sock(free)) // a dead master's socket
 	st, _ := proc.ReadStat(os.Getpid())
 	if err := os.WriteFile(m.sock(free)+".starting", []byte(fmt.Sprintf("%d %d\n", os.Getpid(), st.Start)), 0o600); err != nil {
-		return nil, 0, &callResult{code: 255, sshLog: "the ControlMaster slot: " + err.Error(), noLog: true}
+		return nil, 0, &Result{Code: 255, SSHLog: "the ControlMaster slot: " + err.Error(), NoLog: true}
 	}
 	return nil, free, nil
 }
@@ -490,7 +491,7 @@ func (m *mux) beingStarted(slot int) bool {
 // start starts the master of slot: `ssh -M -N -o ControlPersist=...`, which
 // returns once it is up and leaves it in the background. Its -E log is
 // base.N.log, replaced at each start; its PID goes to base.N.pid.
-func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
+func (m *mux) start(ctx context.Context, h *Host, slot int) Result {
 	logPath := m.sock(slot) + ".log"
 	os.Remove(logPath)
 	os.Remove(m.sock(slot) + ".pid")
@@ -507,44 +508,44 @@ func (m *mux) start(ctx context.Context, h *host, slot int) callResult {
 	// (and a pipe would be held open by the master in the background).
 	errf, err := os.CreateTemp(h.tmpdir, "master-stderr-")
 	if err != nil {
-		return callResult{code: 255, err: err}
+		return Result{Code: 255, Err: err}
 	}
 	defer func() { errf.Close(); os.Remove(errf.Name()) }()
 	cmd.Stderr = errf
 	cmd.SysProcAttr = clientAttr()
 	if err := cmd.Start(); err != nil {
-		return callResult{code: 255, err: err}
+		return Result{Code: 255, Err: err}
 	}
 	err = waitClient(ctx, cmd) // ctx ending kills its group (clientgroup.go)
-	res := callResult{}
+	res := Result{}
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
 		if !sockAlive(m.sock(slot)) {
-			res.code, res.sshLog = 255, "the ssh ControlMaster exited at once"
+			res.Code, res.SSHLog = 255, "the ssh ControlMaster exited at once"
 		}
 	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
-		if res.code != -1 {
-			res.code = 255 // the master runs no remote command: any failure is ssh's
+		res.Code = ee.ExitCode()
+		if res.Code != -1 {
+			res.Code = 255 // the master runs no remote command: any failure is ssh's
 		}
 	default:
-		res.code, res.err = 255, err
+		res.Code, res.Err = 255, err
 	}
 	b, lerr := os.ReadFile(logPath)
-	res.noLog = lerr != nil
-	if res.code != 0 || res.err != nil {
-		res.fullLog = string(b)
+	res.NoLog = lerr != nil
+	if res.Code != 0 || res.Err != nil {
+		res.FullLog = string(b)
 		if e, _ := os.ReadFile(errf.Name()); len(e) > 0 {
-			res.early = string(e)
-			res.noLog = false
-			if !strings.HasSuffix(res.fullLog, "\n") && res.fullLog != "" {
-				res.fullLog += "\n"
+			res.Early = string(e)
+			res.NoLog = false
+			if !strings.HasSuffix(res.FullLog, "\n") && res.FullLog != "" {
+				res.FullLog += "\n"
 			}
-			res.fullLog += string(e)
+			res.FullLog += string(e)
 		}
-		if s := sshReason(res.fullLog); s != "" {
-			res.sshLog = s
+		if s := sshReason(res.FullLog); s != "" {
+			res.SSHLog = s
 		}
 		return res
 	}

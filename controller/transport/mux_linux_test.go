@@ -1,4 +1,4 @@
-package controller
+package transport
 
 // Tests against a real sshd (internal/sshtest, which is Linux only, as the
 // e2e tests are); the rest of the package's tests run wherever it builds.

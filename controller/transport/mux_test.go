@@ -1,7 +1,6 @@
-package controller
+package transport
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,54 +10,11 @@ import (
 func TestNextTickSharedInstants(t *testing.T) {
 	every := 2 * time.Second
 	for _, now := range []time.Time{time.Unix(100, 0), time.Unix(100, 1), time.Unix(101, 999_999_999)} {
-		d := nextTick(now, every)
+		d := NextTick(now, every)
 		at := now.Add(d)
 		if d <= 0 || d > every || at.UnixNano()%int64(every) != 0 {
-			t.Errorf("nextTick(%v, %v) = %v: at %v, want a multiple of %v within one period", now, every, d, at, every)
+			t.Errorf("NextTick(%v, %v) = %v: at %v, want a multiple of %v within one period", now, every, d, at, every)
 		}
-	}
-}
-
-// A renewal is given more than a short period while the lease has time for
-// it, never more than half of what the lease has left, and never less than
-// its period.
-func TestRenewTimeout(t *testing.T) {
-	for _, c := range []struct {
-		lease, every, since, nested, giveUp, want time.Duration
-	}{
-		{20 * time.Second, 2 * time.Second, 2 * time.Second, 0, 0, 9 * time.Second},              // half the 18 s left
-		{120 * time.Second, 2 * time.Second, 2 * time.Second, 0, 0, renewFloor},                  // the floor, not 59 s
-		{5 * time.Minute, 100 * time.Second, 100 * time.Second, 0, 0, 100 * time.Second},         // the period is longer
-		{20 * time.Second, 2 * time.Second, 18 * time.Second, 0, 0, 2 * time.Second},             // 1 s would be half: the period
-		{2 * time.Minute, 2 * time.Second, 2 * time.Second, 8 * time.Second, 0, 3 * time.Second}, // a nested run's capped lease
-		{2 * time.Minute, time.Second, time.Second, 0, 8 * time.Second, 3500 * time.Millisecond}, // --give-up 8s is nearer
-	} {
-		r := &Run{cfg: Config{Lease: c.lease, RenewEvery: c.every, GiveUp: c.giveUp}}
-		r.lastRenew.Store(time.Now().Add(-c.since).UnixNano())
-		got := r.renewTimeout(c.nested)
-		if d := got - c.want; d < -50*time.Millisecond || d > 50*time.Millisecond {
-			t.Errorf("lease %v, every %v, %v since the last renewal, nested %v, give-up %v: renewTimeout %v, want %v", c.lease, c.every, c.since, c.nested, c.giveUp, got, c.want)
-		}
-	}
-}
-
-func TestBackoffFirstRetryAtOnce(t *testing.T) {
-	var b backoff
-	t0 := time.Now()
-	b.wait(context.Background())
-	if d := time.Since(t0); d > 50*time.Millisecond {
-		t.Errorf("first wait took %v, want at once", d)
-	}
-	t0 = time.Now()
-	b.wait(context.Background())
-	if d := time.Since(t0); d < backoffMin {
-		t.Errorf("second wait took %v, want at least %v", d, backoffMin)
-	}
-	b.reset()
-	t0 = time.Now()
-	b.wait(context.Background())
-	if d := time.Since(t0); d > 50*time.Millisecond {
-		t.Errorf("first wait after reset took %v, want at once", d)
 	}
 }
 

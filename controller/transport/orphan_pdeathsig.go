@@ -1,6 +1,6 @@
 //go:build linux || freebsd
 
-package controller
+package transport
 
 import "syscall"
 

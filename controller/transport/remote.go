@@ -1,6 +1,7 @@
-package controller
+package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -88,16 +89,16 @@ func SplitCommand(s string) ([]string, error) {
 	return words, nil
 }
 
-// isSSH reports whether the rsh is OpenSSH's client, to which the
+// IsSSH reports whether the rsh is OpenSSH's client, to which the
 // controller adds options of its own (keepalives, -E).
-func isSSH(rsh []string) bool { return filepath.Base(rsh[0]) == "ssh" }
+func IsSSH(rsh []string) bool { return filepath.Base(rsh[0]) == "ssh" }
 
 // keepaliveOpts returns the ServerAlive options to add to every call:
 // none when the user set ServerAliveInterval, on the --rsh line or in
 // their ssh configuration (as `ssh -G DEST` reports it, which makes no
 // connection).
 func keepaliveOpts(rsh []string, dest string) []string {
-	if !isSSH(rsh) {
+	if !IsSSH(rsh) {
 		return nil
 	}
 	for _, w := range rsh {
@@ -213,8 +214,10 @@ func configMentions(rsh []string, option string) int {
 	return notMentioned
 }
 
-// host is how to reach one destination's agent-wrap.
-type host struct {
+// Host is how to reach one destination's agent-wrap: the rsh words, the
+// destination, the remote binary and root, and the options and masters
+// its calls go with. Its methods are safe for concurrent use.
+type Host struct {
 	rsh       []string // the --rsh words
 	dest      string
 	bin       string // the remote agent-wrap
@@ -224,16 +227,16 @@ type host struct {
 	tmpdir    string        // where ssh's -E logs go
 	mux       *mux          // agent-wrap's ControlMasters for dest, or nil (see useMux)
 	batch     *renewBatch   // renewals batched with the other runs to dest, or nil (renewbatch.go)
-	closeOnce *sync.Once    // shared by launchHost's copies
+	closeOnce *sync.Once    // shared by OwnConnection's copies
 }
 
-// newHost checks rsh and prepares the calls' options and log directory:
+// NewHost checks rsh and prepares the calls' options and log directory:
 // a directory in logDir named for the run (sshLogPrefix; agent-wrap ssh
 // uses the ledger's own directory for a files ledger, a local state
 // directory for PostgreSQL), so that what a killed controller leaves is
-// found and removed when the run is settled (removeSSHLogs), never left in
-// /tmp. close removes it.
-func newHost(rsh []string, dest, bin, root, logDir, id string) (*host, error) {
+// found and removed when the run is settled (RemoveSSHLogs), never left in
+// /tmp. Close removes it.
+func NewHost(rsh []string, dest, bin, root, logDir, id string) (*Host, error) {
 	if len(rsh) == 0 {
 		return nil, errors.New("empty --rsh")
 	}
@@ -241,7 +244,7 @@ func newHost(rsh []string, dest, bin, root, logDir, id string) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &host{rsh: rsh, dest: dest, bin: bin, root: root, tmpdir: dir, probed: make(chan struct{}), closeOnce: new(sync.Once)}
+	h := &Host{rsh: rsh, dest: dest, bin: bin, root: root, tmpdir: dir, probed: make(chan struct{}), closeOnce: new(sync.Once)}
 	// `ssh -G` is a process start: run it while the caller writes its
 	// ledger record; the first call waits for it.
 	go func() {
@@ -251,13 +254,36 @@ func newHost(rsh []string, dest, bin, root, logDir, id string) (*host, error) {
 	return h, nil
 }
 
-// noKeepalive drops the keepalive options (one short call needs none).
-func (h *host) noKeepalive() {
+// NoKeepalive drops the keepalive options (one short call needs none).
+func (h *Host) NoKeepalive() {
 	<-h.probed
 	h.keepalive = nil
 }
 
-func (h *host) close() {
+// Rsh returns the host's rsh words; Dest, its destination.
+func (h *Host) Rsh() []string { return h.rsh }
+func (h *Host) Dest() string  { return h.dest }
+
+// Muxed reports whether the host's calls are sessions on agent-wrap's own
+// masters (mux.go).
+func (h *Host) Muxed() bool { return h.mux != nil }
+
+// OwnConnection returns a copy of h whose calls are connections of their
+// own, never sessions on the masters, with opts ahead of the user's words
+// (ssh takes an option's first value): the launch connection that forwards
+// the controller's agent, which a session on a master would not (it would
+// forward the master's). It shares h's log directory and Close.
+func (h *Host) OwnConnection(opts ...string) *Host {
+	<-h.probed // the copy takes the probed keepalive options
+	c := *h
+	c.rsh = append(append([]string{h.rsh[0]}, opts...), h.rsh[1:]...)
+	c.mux = nil
+	return &c
+}
+
+// Close removes the host's ssh log directory and lets its masters go
+// (stopped when no other controller uses them: mux.go).
+func (h *Host) Close() {
 	h.closeOnce.Do(func() {
 		os.RemoveAll(h.tmpdir)
 		if h.mux != nil {
@@ -271,9 +297,9 @@ func (h *host) close() {
 // (which reads RUN_ID.json only); run IDs hold no glob characters.
 func sshLogPrefix(id string) string { return ".ssh-" + id + "-" }
 
-// removeSSHLogs removes every ssh log directory of run id from logDir:
+// RemoveSSHLogs removes every ssh log directory of run id from logDir:
 // those of a controller that was killed before it could remove its own.
-func removeSSHLogs(logDir, id string) {
+func RemoveSSHLogs(logDir, id string) {
 	if logDir == "" {
 		return
 	}
@@ -283,65 +309,88 @@ func removeSSHLogs(logDir, id string) {
 	}
 }
 
-// callResult is how one remote call ended.
-type callResult struct {
-	code   int    // the remote command's exit status; exitcode.Lost (255) when ssh failed; -1 when killed
-	sshLog string // what ssh itself said (its -E log): the last line that tells why
-	err    error  // the client could not be started
-	// For what the launch phase judges (see launchfail.go and precancel.go):
-	fullLog string // the whole -E log
-	noLog   bool   // ssh (OpenSSH) left no -E log: it ended before it opened one
-	early   string // a launch's stderr before the run's record (ssh's own words, not the job's)
-	viaMux  bool   // a session on one of agent-wrap's masters (mux.go): no login of its own
+// Result is how one remote call ended.
+type Result struct {
+	Code   int    // the remote command's exit status; exitcode.Lost (255) when ssh failed; -1 when killed
+	SSHLog string // what ssh itself said (its -E log): the last line that tells why
+	Err    error  // the client could not be started
+	// For what the controller's launch phase judges (its launchfail.go and
+	// precancel.go):
+	FullLog string // the whole -E log
+	NoLog   bool   // ssh (OpenSSH) left no -E log: it ended before it opened one
+	Early   string // a launch's stderr before the run's record (ssh's own words, not the job's); the controller sets it
+	ViaMux  bool   // a session on one of agent-wrap's masters (mux.go): no login of its own
 }
 
-// lost reports whether the call failed as a connection: ssh's 255, or the
+// Lost reports whether the call failed as a connection: ssh's 255, or the
 // client killed.
-func (c callResult) lost() bool { return c.code == exitcode.Lost || c.code == -1 || c.err != nil }
+func (c Result) Lost() bool { return c.Code == exitcode.Lost || c.Code == -1 || c.Err != nil }
 
-// why says, for a lost call, what ssh said.
-func (c callResult) why() string {
+// Why says, for a lost call, what ssh said.
+func (c Result) Why() string {
 	switch {
-	case c.err != nil:
-		return c.err.Error()
-	case c.sshLog != "":
-		return c.sshLog
-	case c.code == -1:
+	case c.Err != nil:
+		return c.Err.Error()
+	case c.SSHLog != "":
+		return c.SSHLog
+	case c.Code == -1:
 		return "the ssh client was killed"
 	}
-	return fmt.Sprintf("ssh exited %d", c.code)
+	return fmt.Sprintf("ssh exited %d", c.Code)
 }
 
 var callSeq atomic.Int64
 
-// call runs `RSH [opts] DEST LINE` and waits. stdout and stderr receive the
-// remote command's streams; ssh's own messages go to a log file (OpenSSH's
-// -E) and come back in the result, so they are never mistaken for the job's
-// stderr. The client runs in a process group of its own, so a terminal's ^C
-// reaches the controller, not its connections; ctx ending while ssh runs
-// kills that group (ssh and its ProxyCommand; never once ssh is reaped,
-// when the number may be another's: clientgroup.go), and the controller's
-// death kills ssh (clientAttr and guardClient: orphan.go).
-func (h *host) call(ctx context.Context, line string, stdout, stderr io.Writer) callResult {
-	return h.callIn(ctx, line, nil, stdout, stderr)
+// Call is one remote command line and its stdio.
+type Call struct {
+	Line string // the remote command line (see Remote)
+	// Stdin is the remote command's stdin, a pipe the caller writes (the
+	// launch gate's, the job's stdin); nil: Input.
+	Stdin *os.File
+	// Input is bytes the client reads on stdin, then end of file (the
+	// launch's gateway secrets); nil with Stdin nil: /dev/null.
+	Input          []byte
+	Stdout, Stderr io.Writer     // the remote command's streams
+	Timeout        time.Duration // bounds the call besides ctx; 0: ctx alone
+	// Long marks a session that lasts (a launch, an attach): on a master it
+	// takes a ticket kept for long sessions (muxticket.go).
+	Long bool
 }
 
-// callIn is call with stdin as the remote command's stdin (nil: none).
-func (h *host) callIn(ctx context.Context, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
+// Call runs `RSH [opts] DEST LINE` and waits: the one way a remote command
+// is run. Stdout and stderr receive the remote command's streams; ssh's
+// own messages go to a log file (OpenSSH's -E) and come back in the
+// result, so they are never mistaken for the job's stderr. The client runs
+// in a process group of its own, so a terminal's ^C reaches the
+// controller, not its connections; ctx ending (or c.Timeout passing) while
+// ssh runs kills that group (ssh and its ProxyCommand; never once ssh is
+// reaped, when the number may be another's: clientgroup.go), and the
+// controller's death kills ssh (clientAttr and guardClient: orphan.go).
+// With the host's masters (mux.go) the call is a session on one of them.
+func (h *Host) Call(ctx context.Context, c Call) Result {
+	if c.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
+	}
+	if c.Long {
+		ctx = longSession(ctx)
+	}
+	ctx = withStdin(ctx, c.Input)
 	<-h.probed
 	if h.mux != nil {
-		return h.mux.call(ctx, h, line, stdin, stdout, stderr)
+		return h.mux.call(ctx, h, c.Line, c.Stdin, c.Stdout, c.Stderr)
 	}
-	return h.exec(ctx, nil, line, stdin, stdout, stderr)
+	return h.exec(ctx, nil, c.Line, c.Stdin, c.Stdout, c.Stderr)
 }
 
 // exec is one client: `RSH[0] [LogLevel] first... RSH[1:]... [opts] DEST LINE`.
-func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.File, stdout, stderr io.Writer) callResult {
+func (h *Host) exec(ctx context.Context, first []string, line string, stdin *os.File, stdout, stderr io.Writer) Result {
 	args := append(logLevelOpts(h.rsh), first...)
 	args = append(args, h.rsh[1:]...)
 	args = append(args, h.keepalive...)
 	var logPath string
-	if isSSH(h.rsh) {
+	if IsSSH(h.rsh) {
 		logPath = filepath.Join(h.tmpdir, fmt.Sprintf("ssh-%d.log", callSeq.Add(1)))
 		args = append(args, "-E", logPath, "--")
 	}
@@ -365,40 +414,33 @@ func (h *host) exec(ctx context.Context, first []string, line string, stdin *os.
 		cmd.WaitDelay = muxWaitDelay
 	}
 	if err := cmd.Start(); err != nil {
-		return callResult{code: exitcode.Lost, err: err}
+		return Result{Code: exitcode.Lost, Err: err}
 	}
 	err := waitClient(ctx, cmd) // ctx ending kills its group (clientgroup.go)
-	res := callResult{}
+	res := Result{}
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
 	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
+		res.Code = ee.ExitCode()
 	case errors.Is(err, exec.ErrWaitDelay):
 		// The client ended; its master still held the pipes.
-		res.code = cmd.ProcessState.ExitCode()
+		res.Code = cmd.ProcessState.ExitCode()
 	default:
-		res.code, res.err = exitcode.Lost, err
+		res.Code, res.Err = exitcode.Lost, err
 	}
 	if logPath != "" {
 		b, err := os.ReadFile(logPath)
-		res.noLog = err != nil
-		res.fullLog = string(b)
-		res.sshLog = sshReason(res.fullLog)
+		res.NoLog = err != nil
+		res.FullLog = string(b)
+		res.SSHLog = sshReason(res.FullLog)
 		os.Remove(logPath)
 	}
 	return res
 }
 
-// callTimeout is call bounded by d.
-func (h *host) callTimeout(ctx context.Context, d time.Duration, line string, stdout, stderr io.Writer) callResult {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	return h.call(ctx, line, stdout, stderr)
-}
-
-// remote returns the quoted line `BIN [--root ROOT] words...`.
-func (h *host) remote(words ...string) string {
+// Remote returns the quoted line `BIN [--root ROOT] words...`.
+func (h *Host) Remote(words ...string) string {
 	w := h.base(words...)
 	// A remote binary under the login's home (~/bin/agent-wrap) keeps its
 	// tilde unquoted, so the remote shell expands it.
@@ -408,10 +450,31 @@ func (h *host) remote(words ...string) string {
 	return Quote(w...)
 }
 
-func (h *host) base(words ...string) []string {
+func (h *Host) base(words ...string) []string {
 	w := []string{h.bin}
 	if h.root != "" {
 		w = append(w, "--root", h.root)
 	}
 	return append(w, words...)
+}
+
+// stdinKey is the context key of the bytes a call writes to its client's
+// stdin (withStdin).
+type stdinKey struct{}
+
+// withStdin returns ctx for a call whose client reads b on stdin, then
+// EOF. Without it (or with no bytes) the client's stdin is /dev/null.
+func withStdin(ctx context.Context, b []byte) context.Context {
+	if len(b) == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, stdinKey{}, b)
+}
+
+// stdinOf is the client's stdin for a call with ctx: nil for /dev/null.
+func stdinOf(ctx context.Context) io.Reader {
+	if b, ok := ctx.Value(stdinKey{}).([]byte); ok {
+		return bytes.NewReader(b)
+	}
+	return nil
 }

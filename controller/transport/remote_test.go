@@ -1,6 +1,8 @@
-package controller
+package transport
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,14 +54,6 @@ func TestSplitCommand(t *testing.T) {
 	}
 }
 
-func TestUnambiguous(t *testing.T) {
-	for code, want := range map[int]bool{0: true, 2: true, 7: true, 137: true, 1: false, 66: false, 75: false, 124: false, 127: false, 143: false, 130: false} {
-		if unambiguous(code) != want {
-			t.Errorf("unambiguous(%d) = %v", code, !want)
-		}
-	}
-}
-
 func TestConfigMentions(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) string {
@@ -90,5 +84,31 @@ func TestConfigMentions(t *testing.T) {
 		if got := configMentions(tc.rsh, "serveraliveinterval"); got != tc.want {
 			t.Errorf("configMentions(%q) = %d, want %d", tc.rsh, got, tc.want)
 		}
+	}
+}
+
+// A call's client reads the bytes given as Call.Input, then EOF; any other
+// call's stdin is /dev/null (empty, not the controller's own stdin).
+func TestCallStdin(t *testing.T) {
+	dir := t.TempDir()
+	// RSH DEST LINE: sh -c 'cat > "$0"' DEST LINE: the "destination" is
+	// the file the client's stdin goes to.
+	h := &Host{rsh: []string{"/bin/sh", "-c", `cat > "$0"`}, probed: make(chan struct{}), tmpdir: dir}
+	close(h.probed)
+	with := filepath.Join(dir, "with")
+	h.dest = with
+	if res := h.Call(context.Background(), Call{Line: "x", Input: []byte("line one\nline two\n"), Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}); res.Code != 0 {
+		t.Fatalf("call: %+v", res)
+	}
+	if b, _ := os.ReadFile(with); string(b) != "line one\nline two\n" {
+		t.Errorf("the client read %q", b)
+	}
+	without := filepath.Join(dir, "without")
+	h.dest = without
+	if res := h.Call(context.Background(), Call{Line: "x", Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}); res.Code != 0 {
+		t.Fatalf("call: %+v", res)
+	}
+	if b, err := os.ReadFile(without); err != nil || len(b) != 0 {
+		t.Errorf("a call without stdin read %q (%v), want nothing", b, err)
 	}
 }

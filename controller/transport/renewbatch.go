@@ -1,4 +1,4 @@
-package controller
+package transport
 
 import (
 	"bufio"
@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -51,12 +50,23 @@ const (
 // renewBatch is the spool of one destination's renewals.
 type renewBatch struct {
 	dir string // DIR/HASH.renew
-	h   *host
+	h   *Host
 }
 
-func newRenewBatch(muxDir string, h *host) *renewBatch {
+func newRenewBatch(muxDir string, h *Host) *renewBatch {
 	name := hashWords(append(append([]string{}, h.rsh...), "\x00", h.dest, "\x00", h.bin, "\x00", h.root))
 	return &renewBatch{dir: filepath.Join(muxDir, name+".renew"), h: h}
+}
+
+// Batched reports whether the host's renewals are batched with the other
+// runs to its destination (with the masters only).
+func (h *Host) Batched() bool { return h.batch != nil }
+
+// RenewBatched renews run id with the others of its moment, within
+// timeout. A batchAnswer with Single set: the host has no batch renew,
+// renew the run alone. Only where Batched.
+func (h *Host) RenewBatched(ctx context.Context, id string, timeout time.Duration) batchAnswer {
+	return h.batch.renew(ctx, id, timeout)
 }
 
 // batchAnswer is one run's answer: renew's JSON line for it, or what the
@@ -170,7 +180,7 @@ func (b *renewBatch) lead(ctx context.Context) {
 		return
 	}
 	var out, errb bytes.Buffer
-	res := b.h.call(ctx, b.h.remote(append([]string{"renew", "--json"}, ids...)...), &out, &errb)
+	res := b.h.Call(ctx, Call{Line: b.h.Remote(append([]string{"renew", "--json"}, ids...)...), Stdout: &out, Stderr: &errb})
 	got := map[string]batchAnswer{}
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
@@ -184,12 +194,12 @@ func (b *renewBatch) lead(ctx context.Context) {
 		switch {
 		case ok:
 			a.Batch = len(ids)
-		case res.lost():
-			a = batchAnswer{RunID: id, Lost: res.why()}
+		case res.Lost():
+			a = batchAnswer{RunID: id, Lost: res.Why()}
 		case len(got) == 0:
 			a = batchAnswer{RunID: id, Single: true}
 		default:
-			a = batchAnswer{RunID: id, Lost: fmt.Sprintf("renew --json exited %d without a line for this run", res.code)}
+			a = batchAnswer{RunID: id, Lost: fmt.Sprintf("renew --json exited %d without a line for this run", res.Code)}
 		}
 		writeAnswer(filepath.Join(b.dir, "ans", id), a)
 	}
@@ -217,84 +227,13 @@ func readAnswer(path string) (batchAnswer, bool) {
 	return a, true
 }
 
-// nextTick returns how long until the next renewal instant of period every:
+// NextTick returns how long until the next renewal instant of period every:
 // the next multiple of every since the Unix epoch (the same instants in
 // every controller process, so that their runs' renewals meet).
-func nextTick(now time.Time, every time.Duration) time.Duration {
+func NextTick(now time.Time, every time.Duration) time.Duration {
 	d := every - time.Duration(now.UnixNano()%int64(every))
 	if d <= 0 {
 		d = every
 	}
 	return d
-}
-
-// renewResult is how one renewal ended: ok, lost (why) or refused (why).
-type renewResult struct {
-	ok      bool
-	lost    string
-	refused string
-	batch   int // runs renewed in the same session, when batched
-}
-
-// renewCall renews the lease once: batched with the destination's other
-// runs when there is a batch and the run renews with its own lease (a
-// nested run's capped lease nl goes alone), else over a call of its own.
-func (r *Run) renewCall(ctx context.Context, nl time.Duration) renewResult {
-	limit := r.renewTimeout(nl)
-	if r.h.batch != nil && nl <= 0 {
-		a := r.h.batch.renew(ctx, r.cfg.ID, limit)
-		switch {
-		case a.Renewed:
-			return renewResult{ok: true, batch: a.Batch}
-		case a.Lost != "":
-			return renewResult{lost: a.Lost}
-		case !a.Single:
-			return renewResult{refused: a.Reason}
-		}
-	}
-	words := []string{"renew", r.cfg.ID}
-	if nl > 0 {
-		words = []string{"renew", "--lease", nl.String(), r.cfg.ID}
-	}
-	var out, errb bytes.Buffer
-	res := r.h.callTimeout(ctx, limit, r.h.remote(words...), &out, &errb)
-	switch {
-	case res.code == 0:
-		return renewResult{ok: true}
-	case res.lost():
-		return renewResult{lost: res.why()}
-	}
-	return renewResult{refused: lastLine(strings.TrimSpace(errb.String()))}
-}
-
-// renewFloor is the least time a renewal is given when the lease allows:
-// a renewal period of a second or two is no measure of how long a loaded
-// host takes to answer.
-const renewFloor = 10 * time.Second
-
-// renewTimeout bounds one renewal: its period, or longer when the period is
-// shorter than renewFloor, up to renewFloor and at most half of what the
-// lease, or --give-up, has left counting from the last renewal that
-// succeeded (lease l: the run's own, or a nested run's capped one). A host
-// that answers in 3 s under load keeps a run renewed every 2 s, and a
-// renewal that hangs is still given up, and said to have failed, in time
-// for the next one.
-func (r *Run) renewTimeout(l time.Duration) time.Duration {
-	if l <= 0 {
-		l = r.cfg.Lease
-	}
-	if r.cfg.GiveUp > 0 {
-		l = min(l, r.cfg.GiveUp)
-	}
-	left := time.Until(time.Unix(0, r.lastRenew.Load()).Add(l))
-	return max(r.cfg.RenewEvery, min(renewFloor, left/2))
-}
-
-// renewDelay is the wait for the next renewal: to the next shared instant
-// when renewals are batched (nextTick), else --renew-every.
-func (r *Run) renewDelay() time.Duration {
-	if r.h.batch != nil {
-		return nextTick(time.Now(), r.cfg.RenewEvery)
-	}
-	return r.cfg.RenewEvery
 }
