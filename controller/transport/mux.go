@@ -196,17 +196,12 @@ func setsControl(rsh []string, dest string) bool {
 	case notMentioned:
 		return false
 	}
-	args := append(append([]string{}, rsh[1:]...), "-G", "--", dest)
-	out, err := exec.Command(rsh[0], args...).Output()
+	opts, err := sshG(rsh, dest)
 	if err != nil {
 		return true // cannot tell: leave ssh as the user has it
 	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(line, "controlpath ") {
-			return true
-		}
-	}
-	return false
+	_, set := opts["controlpath"]
+	return set
 }
 
 // setsJump reports whether the rsh words name a jump host: ssh refuses -J

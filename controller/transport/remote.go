@@ -95,8 +95,8 @@ func IsSSH(rsh []string) bool { return filepath.Base(rsh[0]) == "ssh" }
 
 // keepaliveOpts returns the ServerAlive options to add to every call:
 // none when the user set ServerAliveInterval, on the --rsh line or in
-// their ssh configuration (as `ssh -G DEST` reports it, which makes no
-// connection).
+// their ssh configuration (configMentions, else as `ssh -G DEST` reports
+// it: sshG).
 func keepaliveOpts(rsh []string, dest string) []string {
 	if !IsSSH(rsh) {
 		return nil
@@ -112,13 +112,9 @@ func keepaliveOpts(rsh []string, dest string) []string {
 	case notMentioned:
 		return defaultKeepalive
 	}
-	args := append(append([]string{}, rsh[1:]...), "-G", "--", dest)
-	out, err := exec.Command(rsh[0], args...).Output()
-	if err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "serveraliveinterval" && f[1] != "0" {
-				return nil
-			}
+	if opts, err := sshG(rsh, dest); err == nil {
+		if v := opts["serveraliveinterval"]; len(v) == 1 && v[0] != "0" {
+			return nil
 		}
 	}
 	return defaultKeepalive
@@ -126,93 +122,6 @@ func keepaliveOpts(rsh []string, dest string) []string {
 
 // defaultKeepalive notices a dead connection within about 30 s.
 var defaultKeepalive = []string{"-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"}
-
-const (
-	mentioned    = iota // the option's name is in the configuration
-	notMentioned        // it is in none of the files ssh would read
-	cannotTell          // ask ssh -G
-)
-
-// configMentions looks for an option's name, case-insensitively, anywhere
-// in the ssh configuration files the rsh reads (-F FILE, else ~/.ssh/config
-// and /etc/ssh/ssh_config, following Include globs): a fast, conservative
-// answer (a mention under any Host counts) that spares most runs the start
-// of `ssh -G`. Anything it cannot follow (an unreadable file, a deep
-// Include, a token in an Include) is cannotTell.
-func configMentions(rsh []string, option string) int {
-	home, _ := os.UserHomeDir()
-	var files []string
-	userDir := filepath.Join(home, ".ssh")
-	for i := 1; i < len(rsh); i++ {
-		w := rsh[i]
-		switch {
-		case w == "-F" && i+1 < len(rsh):
-			files = []string{rsh[i+1]}
-		case strings.HasPrefix(w, "-F") && len(w) > 2:
-			files = []string{w[2:]}
-		case strings.HasPrefix(w, "-") && strings.ContainsAny(w[1:], "F") && !strings.HasPrefix(w, "-o"):
-			return cannotTell // -F inside a group of flags
-		}
-	}
-	if files == nil {
-		if home == "" {
-			return cannotTell
-		}
-		files = []string{filepath.Join(userDir, "config"), "/etc/ssh/ssh_config"}
-	}
-	seen := 0
-	var visit func(path, rel string, depth int) int
-	visit = func(path, rel string, depth int) int {
-		if path == "/dev/null" {
-			return notMentioned
-		}
-		b, err := os.ReadFile(path)
-		if errors.Is(err, os.ErrNotExist) {
-			return notMentioned
-		}
-		if err != nil || depth > 4 || seen > 64 {
-			return cannotTell
-		}
-		seen++
-		if strings.Contains(strings.ToLower(string(b)), option) {
-			return mentioned
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(strings.ReplaceAll(line, "=", " "))
-			if len(f) == 0 || !strings.EqualFold(f[0], "include") {
-				continue
-			}
-			for _, pat := range f[1:] {
-				if strings.ContainsAny(pat, "%$~\"'") {
-					return cannotTell
-				}
-				if !filepath.IsAbs(pat) {
-					pat = filepath.Join(rel, pat)
-				}
-				matches, err := filepath.Glob(pat)
-				if err != nil {
-					return cannotTell
-				}
-				for _, m := range matches {
-					if r := visit(m, rel, depth+1); r != notMentioned {
-						return r
-					}
-				}
-			}
-		}
-		return notMentioned
-	}
-	for _, f := range files {
-		rel := userDir
-		if f == "/etc/ssh/ssh_config" {
-			rel = "/etc/ssh"
-		}
-		if r := visit(f, rel, 0); r != notMentioned {
-			return r
-		}
-	}
-	return notMentioned
-}
 
 // Host is how to reach one destination's agent-wrap: the rsh words, the
 // destination, the remote binary and root, and the options and masters
