@@ -33,7 +33,7 @@ func (r *Run) cancelLoop(ctx context.Context) {
 		if res.Code == exitcode.OK {
 			line := strings.TrimSpace(out.String())
 			if f, ok := parseFinal(r.cfg.ID, line); ok {
-				r.cancelFinal.Store(&f)
+				r.cancelFinal = &f // before the close: confirmedFinal reads it after
 			}
 			close(r.cancelled)
 			r.ev.emit(EvCancelConfirmed, map[string]any{"record": line})

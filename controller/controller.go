@@ -90,41 +90,58 @@ type Config struct {
 const exitCancelledBeforeLaunch = exitcode.TERM
 
 // Run is a run started by Start. Its methods are safe for concurrent use.
+//
+// Its goroutines are Follow's loop (launch, attach, finish), the renew
+// and cancel loops (renew.go, cancel.go), the give-up timers (giveup.go)
+// and the output writers' callbacks (output.go). What they share is in
+// four groups below, each with one way of being shared.
 type Run struct {
-	cfg  Config
-	argv []string
-	h    *transport.Host
-	ev   *eventLog
+	// Set before Follow's goroutines start, then only read (each pointer
+	// guards what it holds itself: the writer, the counters, the stdin
+	// stream have locks of their own).
+	cfg       Config
+	argv      []string
+	h         *transport.Host // the transport: every remote call is h.Call
+	ev        *eventLog
+	w         *writer         // writes rec's states to the ledger, in order
+	out, errw *countingWriter // the job's stdout and stderr, counted
+	nest      *nested         // the outer run, inside a run (nested.go); set by follow
+	gw        *httpLaunch     // the gateways the launch sends (http.go)
+	in        *stdinStream    // the job's stdin (stdin.go); nil: /dev/null
 
+	// mu guards the run's state and its ledger record, which change
+	// together (move, update): st moves by state.go's transitions only,
+	// and rec is the record as last queued for writing. The write is
+	// waited for outside mu.
 	mu  sync.Mutex
-	st  runState      // the run's state (state.go), moved with rec by move
-	rec ledger.Record // the ledger record as last written
-	w   *writer       // writes rec's states to the ledger, in order
+	st  runState
+	rec ledger.Record
 
-	out, errw *countingWriter
+	// Milestones: channels closed once each, waited on with select and
+	// asked with isClosed. launched and cancelCh are closed only once
+	// st's onLaunched and onCancel are written and announced, so what
+	// acts on them (the renewals, the remote cancel, isLaunched,
+	// cancelRequested) never acts before the ledger says so.
+	launched  chan struct{}
+	cancelCh  chan struct{}
+	cancelled chan struct{} // the host confirmed the cancel (cancelLoop)
+	// cancelFinal is the final record the cancel's confirmation named, or
+	// nil: written before cancelled is closed, read only after (confirmedFinal).
+	cancelFinal *finalWord
+	renewNow    chan struct{} // buffered 1: a renewal wanted before the next tick (a reattach asks)
 
-	lastRenew atomic.Int64 // unix nanoseconds of the last successful renewal
-	// launched and cancelCh are closed once st's onLaunched and onCancel
-	// are written and announced: what acts on them (the renewals, the
-	// remote cancel, isLaunched, cancelRequested) never acts before the
-	// ledger says so.
-	launched    chan struct{}
-	cancelCh    chan struct{}
-	cancelled   chan struct{} // closed once the host confirmed the cancel
-	renewFailed atomic.Bool   // a renewal was refused: the run is ending
-	reattaching atomic.Value  // string "N,M": a reattach from these offsets is not yet known to be up
-	renewNow    chan struct{} // a renewal wanted before the next tick
-	cancelFinal atomic.Pointer[finalWord]
-	lostSaid    atomic.Bool // the current loss was said; cleared when attached
+	// Facts each written and read on their own by several goroutines: no
+	// two need to change together, so each is an atomic, not under mu.
+	lastRenew   atomic.Int64 // unix nanoseconds of the last successful renewal (or progress that counts as one: gaveUp)
+	renewFailed atomic.Bool  // a renewal was refused: the run is ending
+	reattaching atomic.Value // string "N,M": a reattach from these offsets is not yet known to be up
+	lostSaid    atomic.Bool  // the current loss was said; cleared when attached
 	// mayHaveSent: some launch attempt may have sent its command to the
-	// host (host.mayHaveSent). While false, no attempt got past the login,
-	// so a give-up before the launch knows the run was never started.
+	// host (mayHaveSent, launchfail.go). While false, no attempt got past
+	// the login, so a give-up before the launch knows the run was never
+	// started.
 	mayHaveSent atomic.Bool
-	noAttach    atomic.Bool  // the host's agent-wrap has no attach: follow with wait
-	nest        *nested      // the outer run, inside a run (nested.go); set before Follow's goroutines
-	gw          *httpLaunch  // the gateways the launch sends (http.go)
-	in          *stdinStream // the job's stdin (stdin.go); nil: /dev/null
-
+	noAttach    atomic.Bool // the host's agent-wrap has no attach: follow with wait
 	// cancelGrace is the remote cancel's --grace in nanoseconds; 0: the
 	// host's default (cancelgrace.go).
 	cancelGrace atomic.Int64
@@ -335,6 +352,15 @@ func (r *Run) Cancel() {
 
 func (r *Run) cancelRequested() bool { return isClosed(r.cancelCh) }
 
+// confirmedFinal returns the final record the host's cancel confirmation
+// named, once the confirmation came; nil before, or when it named none.
+func (r *Run) confirmedFinal() *finalWord {
+	if !isClosed(r.cancelled) {
+		return nil
+	}
+	return r.cancelFinal
+}
+
 // isClosed reports whether ch is closed, without waiting.
 func isClosed(ch <-chan struct{}) bool {
 	select {
@@ -410,7 +436,7 @@ func (r *Run) finish(ctx context.Context, code int) (int, bool) {
 		case <-time.After(2 * time.Second):
 		case <-ctx.Done():
 		}
-		f.final = r.cancelFinal.Load()
+		f.final = r.confirmedFinal()
 	}
 	b := backoff{}
 	for {
