@@ -40,7 +40,7 @@ type Config struct {
 	// Mux is MuxAuto ("" too: the calls are sessions on agent-wrap's own
 	// ControlMasters, unless the rsh is not OpenSSH's or the user set a
 	// ControlPath) or MuxOff (a connection per call). MuxDir is where the
-	// masters' sockets live; default MuxDir(os.Getenv). See mux.go.
+	// masters' sockets live; default MuxDir(os.Getenv). See transport/mux.go.
 	Mux, MuxDir string
 
 	Ledger ledger.Store // required: files or PostgreSQL, the same to the controller

@@ -63,7 +63,30 @@
 // a ControlPath, ControlMaster or ProxyJump of their own, each call is a
 // session on one of agent-wrap's own ControlMasters for the destination,
 // and the runs' renewals are batched per destination as `renew --json
-// ID...` (mux.go, renewbatch.go).
+// ID...` (transport/mux.go, transport/renewbatch.go). `ssh -G DEST`, when
+// asked at all, runs at most once per rsh and destination in a process.
+//
+// # Layers
+//
+// The package is a run's lifecycle on top of one call, the seam:
+//
+//   - Below it, package controller/transport: how a remote command line
+//     reaches the host. transport.Host.Call runs one line with the stdio and
+//     the time bound given and returns a transport.Result that says whether
+//     the connection was lost, the remote exit code and ssh's own words for
+//     why. Behind it: the calls' options and ssh logs (remote.go), the
+//     user's ssh configuration (sshconfig.go), agent-wrap's ControlMasters
+//     (mux*.go), the batched renewals (renewbatch.go), and the client
+//     processes, their groups and their end with the controller
+//     (clientgroup*.go, orphan*.go, linger*.go). It knows nothing of runs'
+//     states or the ledger.
+//   - Above it, this package: what to call and when, and what the answer
+//     means. controller.go holds Start, Follow, Cancel and the state
+//     machine's moves (state.go the transitions); launch.go and attach.go
+//     the stream; renew.go, cancel.go, giveup.go and backoff.go the loops
+//     beside it; outcome.go the judgment of a run's end; owner.go the
+//     ledger writer; settle.go, show.go and verdict.go the calls for a run
+//     another controller started. It starts no process itself.
 //
 // Inside, a run's state is one value moved by one transition function
 // (state.go: launching, running, detached, cancel_requested, settling,

@@ -101,7 +101,7 @@ var preLoginLines = []string{
 // opening its log, ssh said why it stopped before the login, or, where
 // ssh's log can tell (OpenSSH at LogLevel VERBOSE, see the transport's logLevelOpts, with
 // no connection sharing that could carry the command without a login of
-// its own, neither the user's nor agent-wrap's: see mux.go), the log lacks
+// its own, neither the user's nor agent-wrap's: see the transport's mux.go), the log lacks
 // the "Authenticated to" line that ssh writes after the login and before
 // it opens the session that sends the command.
 func mayHaveSent(h *transport.Host, res transport.Result) bool {

@@ -7,7 +7,7 @@ import (
 	"sync"
 )
 
-// The launch gate (with agent-wrap's masters, mux.go). A session's client
+// The launch gate (with agent-wrap's masters, transport/mux.go). A session's client
 // hands its request to the master and can be killed (a cancel, --give-up)
 // while the master still waits for the host to open the session; the
 // master then runs the command anyway, after the controller has judged the

@@ -37,7 +37,7 @@ func (r *Run) renewLoop(ctx context.Context) {
 			r.ev.emit(EvRenewFailed, map[string]any{"reason": "refused", "error": why})
 			return
 		}
-		rr := r.renewCall(ctx, nl) // renewbatch.go
+		rr := r.renewCall(ctx, nl) // below; batched by the transport (renewbatch.go)
 		switch {
 		case ctx.Err() != nil:
 			return
