@@ -125,7 +125,8 @@ var defaultKeepalive = []string{"-o", "ServerAliveInterval=10", "-o", "ServerAli
 
 // Host is how to reach one destination's agent-wrap: the rsh words, the
 // destination, the remote binary and root, and the options and masters
-// its calls go with. Its methods are safe for concurrent use.
+// its calls go with. Its calls may run concurrently; SetMux and
+// NoKeepalive are for before the first.
 type Host struct {
 	rsh       []string // the --rsh words
 	dest      string
