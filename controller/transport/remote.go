@@ -228,8 +228,11 @@ type Result struct {
 	// precancel.go):
 	FullLog string // the whole -E log
 	NoLog   bool   // ssh (OpenSSH) left no -E log: it ended before it opened one
-	Early   string // a launch's stderr before the run's record (ssh's own words, not the job's); the controller sets it
-	ViaMux  bool   // a session on one of agent-wrap's masters (mux.go): no login of its own
+	// Early is ssh's own stderr, not the job's: a master's that failed to
+	// start (muxmaster.go), or, set by the controller, a launch's before the
+	// run's record.
+	Early  string
+	ViaMux bool // a session on one of agent-wrap's masters (mux.go): no login of its own
 }
 
 // Lost reports whether the call failed as a connection: ssh's 255, or the
