@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/answer"
 	"github.com/agent-wrap/agent-wrap/internal/flock"
 )
 
@@ -59,18 +59,21 @@ func newRenewBatch(muxDir string, h *host) *renewBatch {
 	return &renewBatch{dir: filepath.Join(muxDir, name+".renew"), h: h}
 }
 
-// batchAnswer is one run's answer: renew's JSON line for it, or what the
-// leader knows when there is none.
+// batchAnswer is one run's answer, as the leader writes it to ans/ID:
+// renew's JSON line for it (answer.Renew), or what the leader knows when
+// there is none.
 type batchAnswer struct {
-	RunID   string `json:"run_id"`
-	Renewed bool   `json:"renewed"`
-	Refused bool   `json:"refused,omitempty"`
-	NoRun   bool   `json:"no_run,omitempty"`
-	Reason  string `json:"reason,omitempty"`
+	answer.Renew
 
 	Lost   string `json:"lost,omitempty"`   // the session failed as a connection: why
 	Single bool   `json:"single,omitempty"` // the host has no batch renew: renew alone
 	Batch  int    `json:"batch,omitempty"`  // how many runs that session renewed
+}
+
+// lostAnswer is the answer of a renewal of run id that got no host answer:
+// why it was lost.
+func lostAnswer(id, why string) batchAnswer {
+	return batchAnswer{Renew: answer.Renew{RunID: id}, Lost: why}
 }
 
 // renew renews run id with the others of its moment, within timeout.
@@ -79,7 +82,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 	defer cancel()
 	for _, d := range []string{b.dir, filepath.Join(b.dir, "want"), filepath.Join(b.dir, "ans")} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return batchAnswer{RunID: id, Lost: err.Error()}
+			return lostAnswer(id, err.Error())
 		}
 	}
 	want := filepath.Join(b.dir, "want", id)
@@ -87,7 +90,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 	os.Remove(ans) // of a renewal that gave up waiting
 	w, err := b.post(want)
 	if err != nil {
-		return batchAnswer{RunID: id, Lost: err.Error()}
+		return lostAnswer(id, err.Error())
 	}
 	defer func() { w.Close() }()
 	defer os.Remove(want) // one no leader took: nobody waits for it now
@@ -97,7 +100,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 		}
 		unlock, err := lockFile(ctx, b.dir+".lock", syscall.LOCK_EX)
 		if err != nil {
-			return batchAnswer{RunID: id, Lost: "renewal batch: " + err.Error()}
+			return lostAnswer(id, "renewal batch: "+err.Error())
 		}
 		if a, ok := readAnswer(ans); ok {
 			unlock()
@@ -109,7 +112,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 			w.Close()
 			if w, err = b.post(want); err != nil {
 				unlock()
-				return batchAnswer{RunID: id, Lost: err.Error()}
+				return lostAnswer(id, err.Error())
 			}
 		}
 		b.lead(ctx)
@@ -118,7 +121,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 			if a, ok := readAnswer(ans); ok {
 				return a
 			}
-			return batchAnswer{RunID: id, Lost: "renewal batch: " + ctx.Err().Error()}
+			return lostAnswer(id, "renewal batch: "+ctx.Err().Error())
 		}
 	}
 }
@@ -171,25 +174,21 @@ func (b *renewBatch) lead(ctx context.Context) {
 	}
 	var out, errb bytes.Buffer
 	res := b.h.call(ctx, b.h.remote(append([]string{"renew", "--json"}, ids...)...), &out, &errb)
-	got := map[string]batchAnswer{}
-	sc := bufio.NewScanner(&out)
-	for sc.Scan() {
-		var a batchAnswer
-		if json.Unmarshal(sc.Bytes(), &a) == nil && a.RunID != "" {
-			got[a.RunID] = a
-		}
-	}
+	got := answer.ParseRenew(out.Bytes())
 	for _, id := range ids {
-		a, ok := got[id]
+		var a batchAnswer
+		r, ok := got[id]
 		switch {
 		case ok:
-			a.Batch = len(ids)
+			// The spool keeps the fields renewCall reads, as it always has.
+			r.State, r.Deadline = "", 0
+			a = batchAnswer{Renew: r, Batch: len(ids)}
 		case res.lost():
-			a = batchAnswer{RunID: id, Lost: res.why()}
+			a = lostAnswer(id, res.why())
 		case len(got) == 0:
-			a = batchAnswer{RunID: id, Single: true}
+			a = batchAnswer{Renew: answer.Renew{RunID: id}, Single: true}
 		default:
-			a = batchAnswer{RunID: id, Lost: fmt.Sprintf("renew --json exited %d without a line for this run", res.code)}
+			a = lostAnswer(id, fmt.Sprintf("renew --json exited %d without a line for this run", res.code))
 		}
 		writeAnswer(filepath.Join(b.dir, "ans", id), a)
 	}
