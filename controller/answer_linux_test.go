@@ -1,0 +1,199 @@
+package controller
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/agent-wrap/agent-wrap/answer"
+	"github.com/agent-wrap/agent-wrap/exitcode"
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
+	"github.com/agent-wrap/agent-wrap/statusfile"
+)
+
+// startRuns starts, with the real binary under root, a detached live run
+// (lease 120s) and a run that finished with code 3, and registers cleanup
+// that kills what is left of the live one by its recorded group.
+func startRuns(t *testing.T, root, live, done string) {
+	t.Helper()
+	t.Cleanup(runtest.Run{Root: root, ID: live}.Kill)
+	if code, out, errs := runtest.Exec(t, root, "run", "--detach", "--lease", "120s", live, "--", "sleep", "300"); code != 0 {
+		t.Fatalf("run --detach %s: exit %d\n%s%s", live, code, out, errs)
+	}
+	if code, out, errs := runtest.Exec(t, root, "run", done, "--", "sh", "-c", "exit 3"); code != 3 {
+		t.Fatalf("run %s: exit %d, want 3\n%s%s", done, code, out, errs)
+	}
+}
+
+// The host's real `cancel --json` output decodes into answer.Cancel with
+// the outcome and statusfile's state and cause, and the controller's
+// reading of that same output (parseFinal) takes exactly the final words:
+// a confirmed cancel, an already cancelled run, a run that finished on its
+// own; not a cancel of no such run.
+func TestCancelAnswerRoundTrip(t *testing.T) {
+	root := runtest.NewRoot(t)
+	startRuns(t, root, "live1", "done1")
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		want   answer.Cancel // Survivors, ExitCode checked apart
+		exit   int
+		final  finalWord
+		isWord bool
+	}{
+		{"confirmed", []string{"cancel", "--json", "--wait", "30s", "live1"}, 0,
+			answer.Cancel{RunID: "live1", Outcome: answer.Confirmed, State: statusfile.Cancelled, Cause: statusfile.CauseCancel},
+			exitcode.TERM, finalWord{statusfile.Cancelled, statusfile.CauseCancel, exitcode.TERM}, true},
+		{"already cancelled", []string{"cancel", "--json", "live1"}, 0,
+			answer.Cancel{RunID: "live1", Outcome: answer.Already, State: statusfile.Cancelled, Cause: statusfile.CauseCancel},
+			exitcode.TERM, finalWord{statusfile.Cancelled, statusfile.CauseCancel, exitcode.TERM}, true},
+		{"already finished", []string{"cancel", "--json", "done1"}, 0,
+			answer.Cancel{RunID: "done1", Outcome: answer.Already, State: statusfile.Finished},
+			3, finalWord{statusfile.Finished, "", 3}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errs := runtest.Exec(t, root, tc.args...)
+			if code != tc.code {
+				t.Fatalf("%v: exit %d, want %d\n%s%s", tc.args, code, tc.code, out, errs)
+			}
+			a, err := answer.ParseCancel(out)
+			if err != nil {
+				t.Fatalf("%v: %v\n%s", tc.args, err, out)
+			}
+			if a.ExitCode == nil || *a.ExitCode != tc.exit {
+				t.Errorf("exit_code = %v, want %d\n%s", a.ExitCode, tc.exit, out)
+			}
+			if a.Survivors == nil || len(a.Survivors) != 0 {
+				t.Errorf("survivors = %#v, want [] (the promise)\n%s", a.Survivors, out)
+			}
+			if a.RunID != tc.want.RunID || a.Outcome != tc.want.Outcome || a.State != tc.want.State || a.Cause != tc.want.Cause || a.Reason != "" {
+				t.Errorf("decoded %+v, want %+v\n%s", a, tc.want, out)
+			}
+			if !a.Final(tc.want.RunID) {
+				t.Errorf("Final(%q) = false for %s", tc.want.RunID, out)
+			}
+			fw, ok := parseFinal(tc.want.RunID, out)
+			if ok != tc.isWord || fw != tc.final {
+				t.Errorf("parseFinal = %+v, %v; want %+v, %v\n%s", fw, ok, tc.final, tc.isWord, out)
+			}
+			// Another run's answer is never taken for this one's.
+			if _, ok := parseFinal("other", out); ok {
+				t.Errorf("parseFinal took %s as run other's final word", out)
+			}
+		})
+	}
+	runtest.Run{Root: root, ID: "live1"}.AssertGroupEmpty(t)
+
+	// No such run: 66 and no object, which the controller does not take.
+	code, out, _ := runtest.Exec(t, root, "cancel", "--json", "nosuch")
+	if code != exitcode.NoInput {
+		t.Errorf("cancel --json nosuch: exit %d, want %d", code, exitcode.NoInput)
+	}
+	if _, ok := parseFinal("nosuch", out); ok || out != "" {
+		t.Errorf("cancel --json nosuch printed %q, taken as final: %v", out, ok)
+	}
+}
+
+// The host's real `renew --json` output decodes into answer.Renew, one
+// line per run: a live run renewed (state running, a deadline ahead), a
+// finished run refused (state finished), an unknown ID without a run. The
+// controller's batch (lead, over a local shell standing in for ssh) reads
+// the same output into each run's spool answer: renewed with the batch's
+// size, refused with the host's reason, no run, and the spool answer's
+// bytes are the fields it always had.
+func TestRenewAnswerRoundTrip(t *testing.T) {
+	root := runtest.NewRoot(t)
+	startRuns(t, root, "live1", "done1")
+
+	before := time.Now().Unix()
+	code, out, errs := runtest.Exec(t, root, "renew", "--json", "--lease", "90s", "live1", "done1", "nosuch")
+	if code != exitcode.Failure {
+		t.Fatalf("renew --json: exit %d, want %d (not every run renewed)\n%s%s", code, exitcode.Failure, out, errs)
+	}
+	got := answer.ParseRenew([]byte(out))
+	if len(got) != 3 {
+		t.Fatalf("renew --json: %d answers, want 3\n%s", len(got), out)
+	}
+	if a := got["live1"]; !a.Renewed || a.Refused || a.NoRun || a.State != statusfile.Running || a.Deadline < before+90 || a.Reason != "" {
+		t.Errorf("live1: %+v, want renewed, running, deadline >= %d", a, before+90)
+	}
+	if a := got["done1"]; a.Renewed || !a.Refused || a.NoRun || a.State != statusfile.Finished || a.Deadline != 0 || a.Reason == "" {
+		t.Errorf("done1: %+v, want refused, finished, with a reason", a)
+	}
+	if a := got["nosuch"]; a.Renewed || a.Refused || !a.NoRun || a.State != "" || a.Reason == "" {
+		t.Errorf("nosuch: %+v, want no run, with a reason", a)
+	}
+
+	// The controller's batch: the three wants posted, one leader's session.
+	rsh := []string{"sh", "-c", `exec sh -c "$2"`, "localsh"}
+	h, err := newHost(rsh, "somehost", runtest.Binary(t), root, t.TempDir(), "rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.close()
+	b := newRenewBatch(t.TempDir(), h)
+	ids := []string{"live1", "done1", "nosuch"}
+	for _, d := range []string{b.dir, filepath.Join(b.dir, "want"), filepath.Join(b.dir, "ans")} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		w, err := b.post(filepath.Join(b.dir, "want", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), runtest.Patience)
+	defer cancel()
+	b.lead(ctx)
+	spool := map[string]string{}
+	ans := map[string]batchAnswer{}
+	for _, id := range ids {
+		p := filepath.Join(b.dir, "ans", id)
+		bs, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("no spool answer for %s: %v", id, err)
+		}
+		spool[id] = string(bs)
+		a, ok := readAnswer(p)
+		if !ok {
+			t.Fatalf("spool answer for %s does not decode: %s", id, bs)
+		}
+		ans[id] = a
+	}
+	if a := ans["live1"]; !a.Renewed || a.Batch != 3 || a.Lost != "" || a.Single {
+		t.Errorf("live1: %+v, want renewed in a batch of 3", a)
+	}
+	if s, want := spool["live1"], `{"run_id":"live1","renewed":true,"batch":3}`; s != want {
+		t.Errorf("live1's spool answer:\n got %s\nwant %s", s, want)
+	}
+	if a := ans["done1"]; a.Renewed || !a.Refused || a.Reason != got["done1"].Reason || a.Batch != 3 {
+		t.Errorf("done1: %+v, want refused (%q) in a batch of 3", a, got["done1"].Reason)
+	}
+	if s, want := spool["done1"], `{"run_id":"done1","renewed":false,"refused":true,"reason":"renewal refused: run done1 is finished","batch":3}`; s != want {
+		t.Errorf("done1's spool answer:\n got %s\nwant %s", s, want)
+	}
+	if a := ans["nosuch"]; a.Renewed || !a.NoRun || a.Reason == "" || a.Batch != 3 {
+		t.Errorf("nosuch: %+v, want no run in a batch of 3", a)
+	}
+	// The run renewed by the batch is renewed on the host: its journal has
+	// both renewals.
+	n := 0
+	for _, e := range (runtest.Run{Root: root, ID: "live1"}).Events(t) {
+		if e == "lease_renewed" {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("live1's journal has %d lease_renewed, want 2", n)
+	}
+	if code, out, errs := runtest.Exec(t, root, "cancel", "--wait", "30s", "live1"); code != 0 {
+		t.Errorf("cancel live1: exit %d\n%s%s", code, out, errs)
+	}
+	runtest.Run{Root: root, ID: "live1"}.AssertGroupEmpty(t)
+}
