@@ -22,17 +22,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/agentrelay"
+	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
-// Reasons the gateway itself gives for refusing, whatever the Check says.
-// caller_gone and other_user are the agent relay's, with the same meaning.
+// Reasons the gateway itself gives for refusing, whatever the Check says,
+// besides the callers every gateway refuses (authority.ReasonCallerGone,
+// authority.ReasonOtherUser).
 const (
 	ReasonCallerUnknown = "caller_unknown" // no process of this host holds the client end
-	ReasonOtherUser     = agentrelay.ReasonOtherUser
-	ReasonCallerGone    = agentrelay.ReasonCallerGone
 	ReasonMethod        = "method_not_allowed"
 	ReasonOutside       = "outside_prefix"
 	ReasonUpgrade       = "upgrade_refused" // Upgrade (websocket, h2c), CONNECT, HTTP/2 prior knowledge
@@ -301,7 +300,7 @@ func (g *Gateway) identify(ctx context.Context, c net.Conn) context.Context {
 		ci.refusal = ReasonCallerUnknown
 	}
 	if ci.refusal == "" && ci.caller.UID != os.Geteuid() {
-		ci.refusal = ReasonOtherUser
+		ci.refusal = authority.ReasonOtherUser
 	}
 	return context.WithValue(ctx, connKey, ci)
 }
@@ -329,7 +328,7 @@ func recheck(c Caller) string {
 	// A caller whose start could not be read at connect time (0) is not
 	// one process: proc.Alive would take any process at its PID for it.
 	if c.Start == 0 || !proc.Alive(c.PID, c.Start) {
-		return ReasonCallerGone
+		return authority.ReasonCallerGone
 	}
 	return ""
 }
@@ -356,7 +355,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case ci.refusal != "":
 		req.Refusal = ci.refusal
 	case recheck(ci.caller) != "":
-		req.Refusal = ReasonCallerGone
+		req.Refusal = authority.ReasonCallerGone
 	case r.Method == http.MethodConnect || r.Method == "PRI" || r.ProtoMajor != 1:
 		req.Refusal = ReasonUpgrade
 	case !g.spec.Allows(r.Method):
