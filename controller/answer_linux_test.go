@@ -103,7 +103,7 @@ func TestCancelAnswerRoundTrip(t *testing.T) {
 // controller's batch (lead, over a local shell standing in for ssh) reads
 // the same output into each run's spool answer: renewed with the batch's
 // size, refused with the host's reason, no run, and the spool answer's
-// bytes are the fields it always had.
+// bytes are the fields it always had; a run alone renews the same way.
 func TestRenewAnswerRoundTrip(t *testing.T) {
 	root := runtest.NewRoot(t)
 	startRuns(t, root, "live1", "done1")
@@ -181,16 +181,21 @@ func TestRenewAnswerRoundTrip(t *testing.T) {
 	if a := ans["nosuch"]; a.Renewed || !a.NoRun || a.Reason == "" || a.Batch != 3 {
 		t.Errorf("nosuch: %+v, want no run in a batch of 3", a)
 	}
+	// The whole path of one run's renewal (post, lead, answer, read) when
+	// it is alone at its tick.
+	if a := b.renew(ctx, "live1", runtest.Patience); !a.Renewed || a.Batch != 1 || a.Lost != "" || a.Single {
+		t.Errorf("renew live1 alone: %+v, want renewed in a batch of 1", a)
+	}
 	// The run renewed by the batch is renewed on the host: its journal has
-	// both renewals.
+	// the three renewals.
 	n := 0
 	for _, e := range (runtest.Run{Root: root, ID: "live1"}).Events(t) {
 		if e == "lease_renewed" {
 			n++
 		}
 	}
-	if n != 2 {
-		t.Errorf("live1's journal has %d lease_renewed, want 2", n)
+	if n != 3 {
+		t.Errorf("live1's journal has %d lease_renewed, want 3", n)
 	}
 	if code, out, errs := runtest.Exec(t, root, "cancel", "--wait", "30s", "live1"); code != 0 {
 		t.Errorf("cancel live1: exit %d\n%s%s", code, out, errs)
