@@ -432,7 +432,8 @@ func (g *Gateway) land(f *flight) {
 	g.wg.Done()
 }
 
-// refusal is the one-line JSON body of a refusal.
+// refusal is the one-line JSON body of a refusal: the decision and reason
+// in authority's words, as journaled.
 type refusal struct {
 	Decision string `json:"decision"`
 	Reason   string `json:"reason"`
@@ -441,9 +442,9 @@ type refusal struct {
 }
 
 func (g *Gateway) refuse(w http.ResponseWriter, dec Decision) {
-	b, _ := json.Marshal(refusal{Decision: "refused", Reason: dec.Reason, RunID: g.cfg.RunID, Seq: dec.Seq})
+	b, _ := json.Marshal(refusal{Decision: authority.Refused, Reason: dec.Reason, RunID: g.cfg.RunID, Seq: dec.Seq})
 	h := w.Header()
-	h.Set(HeaderDecision, "refused")
+	h.Set(HeaderDecision, authority.Refused)
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(http.StatusForbidden)
@@ -509,8 +510,8 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	if r.Context().Err() != nil {
 		panic(http.ErrAbortHandler)
 	}
-	b, _ := json.Marshal(map[string]string{"decision": "accepted", "error": "upstream: " + err.Error(), "run_id": g.cfg.RunID})
-	w.Header().Set(HeaderDecision, "accepted")
+	b, _ := json.Marshal(map[string]string{"decision": authority.Accepted, "error": "upstream: " + err.Error(), "run_id": g.cfg.RunID})
+	w.Header().Set(HeaderDecision, authority.Accepted)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusBadGateway)
 	w.Write(append(b, '\n'))
