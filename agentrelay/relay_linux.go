@@ -45,6 +45,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
@@ -79,12 +80,12 @@ const (
 	ReqSessionBind = "session-bind"
 )
 
-// Reasons the relay itself gives for refusing, whatever the Check says.
+// Reasons the relay itself gives for refusing, whatever the Check says,
+// besides the callers every gateway refuses (authority.ReasonCallerGone,
+// authority.ReasonOtherUser).
 const (
 	ReasonNotRelayed = "not_relayed" // a request type the relay never passes
 	ReasonMalformed  = "malformed"   // a message that does not decode
-	ReasonCallerGone = "caller_gone" // the connecting process has exited
-	ReasonOtherUser  = "other_user"  // the connecting process is another user's
 )
 
 // Caller is the process at the other end of a connection.
@@ -298,12 +299,12 @@ func (c *conn) serve() {
 // the one that connected (same start time, not a zombie) and this user.
 func (c *conn) recheckCaller() string {
 	if c.caller.UID != os.Geteuid() {
-		return ReasonOtherUser
+		return authority.ReasonOtherUser
 	}
 	// A caller whose start could not be read at connect time (0) is not
 	// one process: proc.Alive would take any process at its PID for it.
 	if c.caller.Start == 0 || !proc.Alive(c.caller.PID, c.caller.Start) {
-		return ReasonCallerGone
+		return authority.ReasonCallerGone
 	}
 	return ""
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/internal/agenttest"
 	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -355,7 +356,7 @@ func TestRelayRefusesACallerThatIsGone(t *testing.T) {
 	if answer, err := readMessage(c); err != nil || !bytes.Equal(answer, []byte{msgFailure}) {
 		t.Fatalf("answer %v, %v", answer, err)
 	}
-	if reqs := rec.seen(); len(reqs) != 1 || reqs[0].Refusal != ReasonCallerGone || reqs[0].Caller.PID != cmd.Process.Pid {
+	if reqs := rec.seen(); len(reqs) != 1 || reqs[0].Refusal != authority.ReasonCallerGone || reqs[0].Caller.PID != cmd.Process.Pid {
 		t.Fatalf("seen %+v (helper pid %d)", reqs, cmd.Process.Pid)
 	}
 }

@@ -52,6 +52,16 @@ const (
 	ReasonNoJournal  = "journal_failed"    // the answer could not be journaled
 )
 
+// Reasons every gateway (the agent relay, the HTTP gateway) gives for
+// refusing a caller before it asks, with the same meaning: the process at
+// the other end of the connection, as read at accept, is not one that
+// could act for the run. A gateway's refusals about the request itself
+// are its own.
+const (
+	ReasonCallerGone = "caller_gone" // the connecting process has exited, or its PID is another process's now
+	ReasonOtherUser  = "other_user"  // the connecting process is another user's
+)
+
 // ChannelSSHAgent is the channel of the run's own agent relay.
 const ChannelSSHAgent = "ssh-agent"
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/answer"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -92,10 +93,10 @@ func runCancel(e *Env, args []string) int {
 		e.errorf("run %s: %s", d.ID, r)
 	}
 	if rep.Already {
-		a := newCancelAnswer(d.ID, cancelAlready, rep.Record)
+		a := answer.NewCancel(d.ID, answer.Already, rep.Record)
 		code := ExitOK
 		if rep.Record.SurvivorsUnknown() {
-			a.Outcome, a.Reason = cancelNotConfirmed, "cleanup cannot be confirmed: "+survivorsUnknown
+			a.Outcome, a.Reason = answer.NotConfirmed, "cleanup cannot be confirmed: "+survivorsUnknown
 			e.errorf("run %s: %s", d.ID, a.Reason)
 			code = ExitFailure
 		}
@@ -116,10 +117,10 @@ func (e *Env) confirm(rec *statusfile.Record, asJSON bool) int {
 	if !asJSON {
 		e.printFinal(rec, "")
 	}
-	a := newCancelAnswer(rec.RunID, cancelConfirmed, rec)
+	a := answer.NewCancel(rec.RunID, answer.Confirmed, rec)
 	code := ExitOK
 	if !statusfile.Terminal(rec.State) || len(rec.Survivors) > 0 {
-		a.Outcome, a.Reason = cancelNotConfirmed, "the record is "+rec.State+", not terminal"
+		a.Outcome, a.Reason = answer.NotConfirmed, "the record is "+rec.State+", not terminal"
 		if len(rec.Survivors) > 0 {
 			a.Reason = fmt.Sprintf("cleanup not confirmed: %v outlived KILL", rec.Survivors)
 			e.errorf("run %s: %s", rec.RunID, a.Reason)
@@ -127,7 +128,7 @@ func (e *Env) confirm(rec *statusfile.Record, asJSON bool) int {
 		code = ExitFailure
 	}
 	if rec.SurvivorsUnknown() {
-		a.Outcome, a.Reason = cancelNotConfirmed, "cleanup cannot be confirmed: "+survivorsUnknown
+		a.Outcome, a.Reason = answer.NotConfirmed, "cleanup cannot be confirmed: "+survivorsUnknown
 		e.errorf("run %s: %s", rec.RunID, a.Reason)
 		e.hint("'agent-wrap reconcile %s' lists what can be seen; a host with a writable cgroup v2 tree gives every run a boundary nothing leaves", rec.RunID)
 		code = ExitFailure

@@ -8,22 +8,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/answer"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
-
-// renewAnswer is one line of `renew --json RUN_ID...`: what became of one
-// run's renewal.
-type renewAnswer struct {
-	RunID    string `json:"run_id"`
-	Renewed  bool   `json:"renewed"`
-	State    string `json:"state,omitempty"`          // the run's state as read under its lock; "" when there is no such run
-	Deadline int64  `json:"deadline_epoch,omitempty"` // the new deadline, when renewed
-	Refused  bool   `json:"refused,omitempty"`        // lease.ErrRefused: the run is over, cancelling or expired; renewing it again is pointless
-	NoRun    bool   `json:"no_run,omitempty"`         // no run of this ID under the root
-	Reason   string `json:"reason,omitempty"`         // why it was not renewed
-}
 
 // renewMany renews each run in ids in turn, each with lease.Renew (under
 // that run's own lock), and prints one JSON line per run, in the order
@@ -58,8 +47,10 @@ func (e *Env) renewMany(ids []string, d time.Duration) int {
 	return ExitOK
 }
 
-func renewOne(root *rundir.Root, id string, d time.Duration) renewAnswer {
-	a := renewAnswer{RunID: id}
+// renewOne renews run id under root by d and says what became of it, as
+// one line of renew --json.
+func renewOne(root *rundir.Root, id string, d time.Duration) answer.Renew {
+	a := answer.Renew{RunID: id}
 	dir, err := root.Open(id)
 	if err != nil {
 		a.NoRun = errors.Is(err, rundir.ErrNoRun)

@@ -24,6 +24,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -39,7 +40,7 @@ func tcpPeer(nc *net.TCPConn, members []int) (Caller, string) {
 		return Caller{UID: -1}, ReasonCallerUnknown
 	}
 	if uid != os.Geteuid() {
-		return Caller{UID: uid}, ReasonOtherUser
+		return Caller{UID: uid}, authority.ReasonOtherUser
 	}
 	link := []byte("socket:[" + strconv.FormatUint(inode, 10) + "]")
 	for _, pid := range members {
@@ -56,7 +57,7 @@ func tcpPeer(nc *net.TCPConn, members []int) (Caller, string) {
 func callerOf(pid, uid int) (Caller, string) {
 	st, err := proc.ReadStat(pid)
 	if err != nil || st.Dead() {
-		return Caller{PID: pid, UID: uid}, ReasonCallerGone
+		return Caller{PID: pid, UID: uid}, authority.ReasonCallerGone
 	}
 	return Caller{PID: pid, UID: uid, Start: st.Start}, ""
 }

@@ -22,17 +22,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agent-wrap/agent-wrap/agentrelay"
+	"github.com/agent-wrap/agent-wrap/authority"
 	"github.com/agent-wrap/agent-wrap/internal/privsock"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
-// Reasons the gateway itself gives for refusing, whatever the Check says.
-// caller_gone and other_user are the agent relay's, with the same meaning.
+// Reasons the gateway itself gives for refusing, whatever the Check says,
+// besides the callers every gateway refuses (authority.ReasonCallerGone,
+// authority.ReasonOtherUser).
 const (
 	ReasonCallerUnknown = "caller_unknown" // no process of this host holds the client end
-	ReasonOtherUser     = agentrelay.ReasonOtherUser
-	ReasonCallerGone    = agentrelay.ReasonCallerGone
 	ReasonMethod        = "method_not_allowed"
 	ReasonOutside       = "outside_prefix"
 	ReasonUpgrade       = "upgrade_refused" // Upgrade (websocket, h2c), CONNECT, HTTP/2 prior knowledge
@@ -301,7 +300,7 @@ func (g *Gateway) identify(ctx context.Context, c net.Conn) context.Context {
 		ci.refusal = ReasonCallerUnknown
 	}
 	if ci.refusal == "" && ci.caller.UID != os.Geteuid() {
-		ci.refusal = ReasonOtherUser
+		ci.refusal = authority.ReasonOtherUser
 	}
 	return context.WithValue(ctx, connKey, ci)
 }
@@ -329,7 +328,7 @@ func recheck(c Caller) string {
 	// A caller whose start could not be read at connect time (0) is not
 	// one process: proc.Alive would take any process at its PID for it.
 	if c.Start == 0 || !proc.Alive(c.PID, c.Start) {
-		return ReasonCallerGone
+		return authority.ReasonCallerGone
 	}
 	return ""
 }
@@ -356,7 +355,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case ci.refusal != "":
 		req.Refusal = ci.refusal
 	case recheck(ci.caller) != "":
-		req.Refusal = ReasonCallerGone
+		req.Refusal = authority.ReasonCallerGone
 	case r.Method == http.MethodConnect || r.Method == "PRI" || r.ProtoMajor != 1:
 		req.Refusal = ReasonUpgrade
 	case !g.spec.Allows(r.Method):
@@ -433,7 +432,8 @@ func (g *Gateway) land(f *flight) {
 	g.wg.Done()
 }
 
-// refusal is the one-line JSON body of a refusal.
+// refusal is the one-line JSON body of a refusal: the decision and reason
+// in authority's words, as journaled.
 type refusal struct {
 	Decision string `json:"decision"`
 	Reason   string `json:"reason"`
@@ -442,9 +442,9 @@ type refusal struct {
 }
 
 func (g *Gateway) refuse(w http.ResponseWriter, dec Decision) {
-	b, _ := json.Marshal(refusal{Decision: "refused", Reason: dec.Reason, RunID: g.cfg.RunID, Seq: dec.Seq})
+	b, _ := json.Marshal(refusal{Decision: authority.Refused, Reason: dec.Reason, RunID: g.cfg.RunID, Seq: dec.Seq})
 	h := w.Header()
-	h.Set(HeaderDecision, "refused")
+	h.Set(HeaderDecision, authority.Refused)
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(http.StatusForbidden)
@@ -510,8 +510,8 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	if r.Context().Err() != nil {
 		panic(http.ErrAbortHandler)
 	}
-	b, _ := json.Marshal(map[string]string{"decision": "accepted", "error": "upstream: " + err.Error(), "run_id": g.cfg.RunID})
-	w.Header().Set(HeaderDecision, "accepted")
+	b, _ := json.Marshal(map[string]string{"decision": authority.Accepted, "error": "upstream: " + err.Error(), "run_id": g.cfg.RunID})
+	w.Header().Set(HeaderDecision, authority.Accepted)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusBadGateway)
 	w.Write(append(b, '\n'))

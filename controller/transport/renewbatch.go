@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/answer"
 	"github.com/agent-wrap/agent-wrap/internal/flock"
 )
 
@@ -69,18 +69,21 @@ func (h *Host) RenewBatched(ctx context.Context, id string, timeout time.Duratio
 	return h.batch.renew(ctx, id, timeout)
 }
 
-// batchAnswer is one run's answer: renew's JSON line for it, or what the
-// leader knows when there is none.
+// batchAnswer is one run's answer, as the leader writes it to ans/ID:
+// renew's JSON line for it (answer.Renew), or what the leader knows when
+// there is none.
 type batchAnswer struct {
-	RunID   string `json:"run_id"`
-	Renewed bool   `json:"renewed"`
-	Refused bool   `json:"refused,omitempty"`
-	NoRun   bool   `json:"no_run,omitempty"`
-	Reason  string `json:"reason,omitempty"`
+	answer.Renew
 
 	Lost   string `json:"lost,omitempty"`   // the session failed as a connection: why
 	Single bool   `json:"single,omitempty"` // the host has no batch renew: renew alone
 	Batch  int    `json:"batch,omitempty"`  // how many runs that session renewed
+}
+
+// lostAnswer is the answer of a renewal of run id that got no host answer:
+// why it was lost.
+func lostAnswer(id, why string) batchAnswer {
+	return batchAnswer{Renew: answer.Renew{RunID: id}, Lost: why}
 }
 
 // renew renews run id with the others of its moment, within timeout.
@@ -89,7 +92,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 	defer cancel()
 	for _, d := range []string{b.dir, filepath.Join(b.dir, "want"), filepath.Join(b.dir, "ans")} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return batchAnswer{RunID: id, Lost: err.Error()}
+			return lostAnswer(id, err.Error())
 		}
 	}
 	want := filepath.Join(b.dir, "want", id)
@@ -97,7 +100,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 	os.Remove(ans) // of a renewal that gave up waiting
 	w, err := b.post(want)
 	if err != nil {
-		return batchAnswer{RunID: id, Lost: err.Error()}
+		return lostAnswer(id, err.Error())
 	}
 	defer func() { w.Close() }()
 	defer os.Remove(want) // one no leader took: nobody waits for it now
@@ -107,7 +110,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 		}
 		unlock, err := lockFile(ctx, b.dir+".lock", syscall.LOCK_EX)
 		if err != nil {
-			return batchAnswer{RunID: id, Lost: "renewal batch: " + err.Error()}
+			return lostAnswer(id, "renewal batch: "+err.Error())
 		}
 		if a, ok := readAnswer(ans); ok {
 			unlock()
@@ -119,7 +122,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 			w.Close()
 			if w, err = b.post(want); err != nil {
 				unlock()
-				return batchAnswer{RunID: id, Lost: err.Error()}
+				return lostAnswer(id, err.Error())
 			}
 		}
 		b.lead(ctx)
@@ -128,7 +131,7 @@ func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration
 			if a, ok := readAnswer(ans); ok {
 				return a
 			}
-			return batchAnswer{RunID: id, Lost: "renewal batch: " + ctx.Err().Error()}
+			return lostAnswer(id, "renewal batch: "+ctx.Err().Error())
 		}
 	}
 }
@@ -181,25 +184,21 @@ func (b *renewBatch) lead(ctx context.Context) {
 	}
 	var out, errb bytes.Buffer
 	res := b.h.Call(ctx, Call{Line: b.h.Remote(append([]string{"renew", "--json"}, ids...)...), Stdout: &out, Stderr: &errb})
-	got := map[string]batchAnswer{}
-	sc := bufio.NewScanner(&out)
-	for sc.Scan() {
-		var a batchAnswer
-		if json.Unmarshal(sc.Bytes(), &a) == nil && a.RunID != "" {
-			got[a.RunID] = a
-		}
-	}
+	got := answer.ParseRenew(out.Bytes())
 	for _, id := range ids {
-		a, ok := got[id]
+		var a batchAnswer
+		r, ok := got[id]
 		switch {
 		case ok:
-			a.Batch = len(ids)
+			// The spool keeps the fields renewCall reads, as it always has.
+			r.State, r.Deadline = "", 0
+			a = batchAnswer{Renew: r, Batch: len(ids)}
 		case res.Lost():
-			a = batchAnswer{RunID: id, Lost: res.Why()}
+			a = lostAnswer(id, res.Why())
 		case len(got) == 0:
-			a = batchAnswer{RunID: id, Single: true}
+			a = batchAnswer{Renew: answer.Renew{RunID: id}, Single: true}
 		default:
-			a = batchAnswer{RunID: id, Lost: fmt.Sprintf("renew --json exited %d without a line for this run", res.Code)}
+			a = lostAnswer(id, fmt.Sprintf("renew --json exited %d without a line for this run", res.Code))
 		}
 		writeAnswer(filepath.Join(b.dir, "ans", id), a)
 	}
