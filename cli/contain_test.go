@@ -212,8 +212,9 @@ func TestForkingJobStoppedCanaryUntouched(t *testing.T) {
 func TestNoZombiesUnderWrapper(t *testing.T) {
 	root := runtest.NewRoot(t)
 	// Five orphans that exit after a moment, reparented to the wrapper; on
-	// USR1, five more that live 2 s.
-	job := `trap 'for i in 1 2 3 4 5; do (sleep 2 &); done' USR1
+	// USR1, five more that live 5 s (long enough to be seen alive under the
+	// wrapper on a loaded machine).
+	job := `trap 'for i in 1 2 3 4 5; do (sleep 5 &); done' USR1
 for i in 1 2 3 4 5; do (sleep 0.2 &); done
 while :; do sleep 0.1; done`
 	c, r := startRun(t, root, "zombies", "zombies", "--", "sh", "-c", job)

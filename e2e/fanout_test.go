@@ -392,9 +392,9 @@ func TestFanoutMastersFill(t *testing.T) {
 	ctls := make([]*ctl, runs)
 	for i := range ctls {
 		id := fmt.Sprintf("fill-%02d", i)
-		job := fmt.Sprintf("touch %s/%s; while set -- %s/*; [ $# -lt %d ]; do sleep 0.5; done; echo all-%d; sleep 14; exit %d",
+		job := fmt.Sprintf("touch %s/%s; while set -- %s/*; [ $# -lt %d ]; do sleep 0.5; done; echo all-%d; sleep 20; exit %d",
 			barrier, id, barrier, runs, i, i%3)
-		ctls[i] = c.start(id, []string{"--lease", "8s", "--renew-every", "2s"}, "sh", "-c", job)
+		ctls[i] = c.start(id, []string{"--lease", "16s", "--renew-every", "2s"}, "sh", "-c", job)
 	}
 	c.wantFannedOut(t, "fill", ctls)
 	close(stop)
