@@ -2,17 +2,7 @@
 
 package cli
 
-import (
-	"errors"
-	"io"
-	"os"
-
-	"golang.org/x/sys/unix"
-
-	"github.com/agent-wrap/agent-wrap/reconcile"
-	"github.com/agent-wrap/agent-wrap/rundir"
-	"github.com/agent-wrap/agent-wrap/statusfile"
-)
+import "github.com/agent-wrap/agent-wrap/rundir"
 
 func init() {
 	register(&command{
@@ -79,83 +69,4 @@ func runLogs(e *Env, args []string) int {
 		return ExitUnknown
 	}
 	return code
-}
-
-// followLogs copies each log to its writer as it grows until the run is
-// terminal (returning its final record, with every log copied to its end)
-// or its outcome has been unknown for unknownSettle (returning the verdict,
-// with what there is copied). A read or write error ends it with neither,
-// printed, and the exit code to return. logs -f and attach share it.
-func followLogs(e *Env, d *rundir.Dir, logs ...*logReader) (*statusfile.Record, *reconcile.Verdict, int) {
-	fo := newFollower(d, true)
-	defer fo.Close()
-	copyAll := func() int {
-		for _, l := range logs {
-			if err := l.copy(); err != nil {
-				return l.fail(err)
-			}
-		}
-		return 0
-	}
-	for {
-		if code := copyAll(); code != 0 {
-			return nil, nil, code
-		}
-		rec, v := fo.poll()
-		if rec != nil || v != nil {
-			// Terminal: the group has been stopped before the final
-			// record was written, so what is in the files now is all.
-			if code := copyAll(); code != 0 {
-				return nil, nil, code
-			}
-			return rec, v, 0
-		}
-		fo.sleep(0)
-	}
-}
-
-// logReader copies a log file to stdout from where it last stopped, opening
-// it once it exists.
-type logReader struct {
-	e    *Env
-	d    *rundir.Dir
-	name string
-	w    io.Writer
-	from int64 // where to start reading, once the file is opened
-	f    *os.File
-}
-
-func (l *logReader) copy() error {
-	if l.f == nil {
-		f, err := l.d.OpenFile(l.name, unix.O_RDONLY, 0)
-		if err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil // not yet: the job has not started
-			}
-			return err
-		}
-		if l.from > 0 {
-			if _, err := f.Seek(l.from, io.SeekStart); err != nil {
-				f.Close()
-				return err
-			}
-		}
-		l.f = f
-	}
-	_, err := io.Copy(l.w, l.f)
-	return err
-}
-
-func (l *logReader) fail(err error) int {
-	l.e.errorf("run %s: %s: %v", l.d.ID, l.name, err)
-	if errors.Is(err, rundir.ErrUnsafe) {
-		return ExitUnsafeRoot
-	}
-	return ExitFailure
-}
-
-func (l *logReader) close() {
-	if l.f != nil {
-		l.f.Close()
-	}
 }

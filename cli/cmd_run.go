@@ -4,7 +4,6 @@ package cli
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -13,9 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/agent-wrap/agent-wrap/httpgw"
-	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/rundir"
-	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/wrapper"
 )
 
@@ -277,40 +274,6 @@ func (e *Env) refuseNearCommand(id string, near []string, rest []string) int {
 	}
 	e.hint("nothing was run and the ID %s is still free", id)
 	return ExitUsage
-}
-
-// existingRun answers a second `run` with an ID already claimed: the command
-// never runs twice. A terminal run returns its recorded code; a live or
-// unknown one exits 75 with what to do instead.
-func (e *Env) existingRun(root *rundir.Root, id string) int {
-	d, err := root.Open(id)
-	if err != nil {
-		e.errorf("run %s exists but cannot be opened: %v", id, err)
-		if errors.Is(err, rundir.ErrUnsafe) {
-			return ExitUnsafeRoot
-		}
-		return ExitTempFail
-	}
-	defer d.Close()
-	rec, err := statusfile.Read(d)
-	if err != nil {
-		e.errorf("run %s already exists and its outcome is unknown: %v", id, err)
-		e.hint("the command was not run again; see what happened with 'agent-wrap reconcile %s'", id)
-		return ExitTempFail
-	}
-	if statusfile.Terminal(rec.State) {
-		fmt.Fprintf(e.Stderr, "agent-wrap: run %s already %s with exit code %d (ended %s); not running it again\n",
-			id, strings.ReplaceAll(rec.State, "_", " "), rec.Code(), rec.EndedAt)
-		return rec.Code()
-	}
-	if membership.WrapperAlive(rec) {
-		e.errorf("run %s is already %s (job PID %d, wrapper PID %d); not running it again", id, rec.State, rec.PID, rec.WrapperPID)
-		e.hint("follow it with 'agent-wrap logs -f %s' or 'agent-wrap wait %s'", id, id)
-		return ExitTempFail
-	}
-	e.errorf("run %s exists (state %s) but its wrapper is gone; its outcome is unknown; not running it again", id, rec.State)
-	e.hint("see what happened with 'agent-wrap reconcile %s'", id)
-	return ExitTempFail
 }
 
 // handoffGraceConfig maps --handoff-grace to wrapper.Config.HandoffGrace:

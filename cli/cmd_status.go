@@ -3,7 +3,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"os"
 
@@ -29,35 +28,6 @@ func init() {
 		exits:    "0 intact; 1 broken, naming the first bad line; 66 no such run; 64 usage; 78 unsafe run root",
 		run:      runVerify,
 	})
-}
-
-// openRun validates id, opens the root (never creating it) and the run
-// directory. On failure it prints the error and returns the exit code.
-func (e *Env) openRun(id string) (*rundir.Root, *rundir.Dir, int) {
-	if err := rundir.ValidID(id); err != nil {
-		e.errorf("%v", err)
-		e.hint("run IDs match %s", rundir.IDPattern)
-		return nil, nil, ExitUsage
-	}
-	root, code := e.openRoot(false)
-	if root == nil {
-		return nil, nil, code
-	}
-	d, err := root.Open(id)
-	if err != nil {
-		root.Close()
-		e.errorf("%v", err)
-		switch {
-		case errors.Is(err, rundir.ErrNoRun):
-			e.hint("list the runs with 'agent-wrap list'")
-			return nil, nil, ExitNoRun
-		case errors.Is(err, rundir.ErrUnsafe):
-			e.hint("a run directory must be a real directory owned by you, mode 0700; nothing was read through it")
-			return nil, nil, ExitUnsafeRoot
-		}
-		return nil, nil, ExitFailure
-	}
-	return root, d, 0
 }
 
 const statusHelp = `status prints the run's record for a person: the judged state (as list
