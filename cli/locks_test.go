@@ -34,10 +34,10 @@ const slack = 3 * time.Second
 // A stuck is an agent-wrap command run under strace, which stops it (a
 // tracer's stop, state t) or kills it at one exact system call.
 type stuck struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	out  runtest.Buffer
-	proc proc.Stat // the agent-wrap process, once found
+	cmd   *exec.Cmd
+	group *runtest.Group
+	out   runtest.Buffer
+	proc  proc.Stat // the agent-wrap process, once found
 }
 
 // underStrace starts the binary with args under strace with the options
@@ -50,27 +50,13 @@ func underStrace(t *testing.T, root string, options []string, args ...string) *s
 	if _, err := exec.LookPath("strace"); err != nil {
 		t.Fatalf("strace is needed (.ci/deps installs it): %v", err)
 	}
-	s := &stuck{done: make(chan struct{})}
+	s := &stuck{}
 	argv := append([]string{"-f", "-qq", "-o", "/dev/null"}, options...)
 	s.cmd = exec.Command("strace", append(append(argv, runtest.Binary(t)), args...)...)
 	s.cmd.Env = append(os.Environ(), "AGENT_WRAP_ROOT="+root)
 	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
-	s.cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { s.cmd.Wait(); close(s.done) }()
-	t.Cleanup(func() {
-		if s.proc.PID != 0 {
-			_ = stop.Signal(proc.Identity{PID: s.proc.PID, Start: s.proc.Start}, unix.SIGKILL)
-		}
-		select {
-		case <-s.done:
-		case <-time.After(runtest.Patience):
-			_ = s.cmd.Process.Kill()
-			<-s.done
-		}
-	})
+	// Cleanup KILLs strace and the command it traces, by group.
+	s.group = runtest.StartInGroup(t, s.cmd)
 	return s
 }
 
@@ -141,7 +127,7 @@ func (s *stuck) resume(t *testing.T) int {
 	defer tick.Stop()
 	for until := time.Now().Add(runtest.Patience); time.Now().Before(until); {
 		select {
-		case <-s.done:
+		case <-s.group.Done():
 			return s.cmd.ProcessState.ExitCode()
 		case <-tick.C:
 		}
@@ -156,7 +142,7 @@ func (s *stuck) resume(t *testing.T) int {
 func (s *stuck) wait(t *testing.T) int {
 	t.Helper()
 	select {
-	case <-s.done:
+	case <-s.group.Done():
 	case <-time.After(runtest.Patience):
 		t.Fatalf("%v did not exit within %v\n%s", s.cmd.Args, runtest.Patience, s.out.String())
 	}

@@ -249,8 +249,14 @@ func GroupOf(pgid int, leaderStart uint64) []proc.Stat {
 // signalled. Never a bare kill(-pgid): once our group is gone its number
 // can be another's, on a machine that other tests share.
 func KillGroup(pgid int, leaderStart uint64) {
+	SignalGroup(pgid, leaderStart, unix.SIGKILL)
+}
+
+// SignalGroup sends sig to each member GroupOf finds, each checked against
+// its start time as it is signalled.
+func SignalGroup(pgid int, leaderStart uint64, sig unix.Signal) {
 	for _, p := range GroupOf(pgid, leaderStart) {
-		_ = stop.Signal(proc.Identity{PID: p.PID, Start: p.Start, PGID: p.PGID}, unix.SIGKILL)
+		_ = stop.Signal(proc.Identity{PID: p.PID, Start: p.Start, PGID: p.PGID}, sig)
 	}
 }
 
@@ -296,12 +302,12 @@ func (r Run) Kill() {
 	}
 }
 
-// Cmd is an agent-wrap process started by a test.
+// Cmd is an agent-wrap process started by a test, the leader of a process
+// group of its own.
 type Cmd struct {
 	*exec.Cmd
 	Stdout, Stderr Buffer
-	done           chan struct{}
-	err            error
+	group          *Group
 }
 
 // Buffer collects a process's output; it may be read while the process is
@@ -340,7 +346,8 @@ func (b *Buffer) Len() int {
 
 // Start starts the binary with args and AGENT_WRAP_ROOT=root, in its own
 // process group (so a test can signal it without signalling itself), and
-// registers cleanup that kills it by PID.
+// registers cleanup that kills the group by identity and fails the test if
+// any of it survives (StartInGroup).
 func Start(t testing.TB, root string, args ...string) *Cmd {
 	t.Helper()
 	return StartWith(t, root, nil, args...)
@@ -350,25 +357,14 @@ func Start(t testing.TB, root string, args ...string) *Cmd {
 // (to add to its environment, give it a stdin, run it as another user).
 func StartWith(t testing.TB, root string, setup func(*exec.Cmd), args ...string) *Cmd {
 	t.Helper()
-	c := &Cmd{Cmd: exec.Command(Binary(t), args...), done: make(chan struct{})}
+	c := &Cmd{Cmd: exec.Command(Binary(t), args...)}
 	c.Env = append(os.Environ(), "AGENT_WRAP_ROOT="+root)
 	c.Cmd.Stdout, c.Cmd.Stderr = &c.Stdout, &c.Stderr
 	c.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
 	if setup != nil {
 		setup(c.Cmd)
 	}
-	if err := c.Cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { c.err = c.Cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-c.done:
-		default:
-			_ = c.Process.Kill()
-			<-c.done
-		}
-	})
+	c.group = StartInGroup(t, c.Cmd)
 	return c
 }
 
@@ -376,26 +372,19 @@ func StartWith(t testing.TB, root string, setup func(*exec.Cmd), args ...string)
 func (c *Cmd) Wait(t testing.TB) int {
 	t.Helper()
 	select {
-	case <-c.done:
+	case <-c.group.Done():
 	case <-time.After(Patience):
 		// Kill it and let exec's copying goroutines finish before the
 		// buffers are read.
 		_ = c.Process.Kill()
-		<-c.done
+		<-c.group.Done()
 		t.Fatalf("%v did not exit within %v\nstderr: %s", c.Args, Patience, c.Stderr.String())
 	}
 	return c.ProcessState.ExitCode()
 }
 
 // Exited reports whether the process has exited.
-func (c *Cmd) Exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
+func (c *Cmd) Exited() bool { return c.group.Exited() }
 
 // Exec runs the binary to completion and returns its exit code, stdout and
 // stderr.

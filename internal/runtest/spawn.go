@@ -13,9 +13,10 @@ import (
 )
 
 // Spawn starts argv as a child of the test with attr (nil: in a session of
-// its own) and returns its stat, read right after the fork. When the test
-// ends it is KILLed, with its process group if attr gave it one, and
-// waited for.
+// its own; without Setsid or Setpgid, in a group of its own) and returns
+// its stat, read right after the fork. When the test ends its process
+// group is KILLed and waited for, and the test fails if any of it
+// survives (StartInGroup).
 func Spawn(t testing.TB, attr *unix.SysProcAttr, argv ...string) proc.Stat {
 	t.Helper()
 	if attr == nil {
@@ -23,26 +24,7 @@ func Spawn(t testing.TB, attr *unix.SysProcAttr, argv ...string) proc.Stat {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = attr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	pid := cmd.Process.Pid
-	st, err := proc.ReadStat(pid)
-	t.Cleanup(func() {
-		// Its group by identity (it may be long reaped, its number
-		// another's); itself through exec, which holds it until reaped.
-		if (attr.Setsid || attr.Setpgid) && err == nil {
-			KillGroup(pid, st.Start)
-		}
-		_ = cmd.Process.Kill()
-		<-done
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return StartInGroup(t, cmd).Leader
 }
 
 // Cgroup creates a run cgroup named name, as a wrapper would, and when the
