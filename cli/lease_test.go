@@ -153,53 +153,6 @@ func TestWatchdogStopsOrphanedRun(t *testing.T) {
 	}
 }
 
-// cancel of a run whose wrapper is alive, and of one whose wrapper was
-// SIGKILLed: both confirmed cancelled (exit 0), no member alive.
-func TestCancelBothWays(t *testing.T) {
-	root := runtest.NewRoot(t)
-	ca, a := startRun(t, root, "alive", "alive", "--", "sh", "-c", "sleep 300 & sleep 300 & wait")
-	cb, b := startRun(t, root, "dead", "--grace", "1s", "dead", "--", "sh", "-c", "trap '' TERM; sleep 300 & wait")
-	ra := a.WaitState(t, statusfile.Running)
-	rb := b.WaitState(t, statusfile.Running)
-	runtest.Eventually(t, "groups populated", func() bool {
-		return len(runtest.Members(ra.PGID)) == 3 && len(runtest.Members(rb.PGID)) == 2
-	})
-	unix.Kill(rb.WrapperPID, unix.SIGKILL)
-	cb.Wait(t)
-
-	code, out, stderr := aw(t, root, "cancel", "alive")
-	if code != 0 || !strings.Contains(out, "cancelled (cause cancel)") {
-		t.Fatalf("cancel alive: exit %d\n%s%s", code, out, stderr)
-	}
-	if code := ca.Wait(t); code != 143 {
-		t.Fatalf("the run's own exit: %d, want 143", code)
-	}
-	a.AssertGroupEmpty(t)
-
-	code, out, stderr = aw(t, root, "cancel", "dead")
-	if code != 0 || !strings.Contains(out, "cancelled (cause cancel)") {
-		t.Fatalf("cancel dead: exit %d\n%s%s", code, out, stderr)
-	}
-	b.AssertGroupEmpty(t)
-	for _, r := range []runtest.Run{a, b} {
-		rec := r.MustStatus(t)
-		if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseCancel || rec.Code() != 143 || len(rec.Survivors) != 0 {
-			t.Fatalf("%s: state %s cause %s code %d survivors %v", r.ID, rec.State, rec.Cause, rec.Code(), rec.Survivors)
-		}
-		es := r.Journal(t)
-		if req, sig := seqOf(es, "cancel_requested"), seqOf(es, "signal_sent"); req < 0 || req > sig {
-			t.Fatalf("%s: cancel_requested (%d) must precede signal_sent (%d)", r.ID, req, sig)
-		}
-	}
-	// Already terminal: print it, do nothing, exit 0.
-	if code, out, _ := aw(t, root, "cancel", "dead"); code != 0 || !strings.Contains(out, "already cancelled") {
-		t.Fatalf("second cancel: exit %d %q", code, out)
-	}
-	if code, _, _ := aw(t, root, "cancel", "nosuch"); code != 66 {
-		t.Fatalf("cancel of no run: exit %d, want 66", code)
-	}
-}
-
 // Simulated PID reuse: a run's pid, pgid and record point at an unrelated
 // live process of the same user in its own session. cancel and watchdog
 // leave it (and its child) alive and say why.

@@ -264,6 +264,15 @@ func SignalGroup(pgid int, leaderStart uint64, sig unix.Signal) {
 // the run's recorded group or any recorded escaped descendant still runs.
 func (r Run) AssertGroupEmpty(t testing.TB) {
 	t.Helper()
+	if bad := r.Survivors(); len(bad) > 0 {
+		t.Fatalf("run %s: processes survived:\n  %s", r.ID, strings.Join(bad, "\n  "))
+	}
+}
+
+// Survivors describes, one line each, every process of the run's recorded
+// group and every recorded escaped descendant that still runs (a zombie
+// counts as dead); none when the run left nothing behind.
+func (r Run) Survivors() []string {
 	var bad []string
 	for _, p := range r.groupMembers() {
 		argv, _ := proc.Cmdline(p.PID)
@@ -276,9 +285,7 @@ func (r Run) AssertGroupEmpty(t testing.TB) {
 			}
 		}
 	}
-	if len(bad) > 0 {
-		t.Fatalf("run %s: processes survived:\n  %s", r.ID, strings.Join(bad, "\n  "))
-	}
+	return bad
 }
 
 // Kill kills whatever is left of the run, by its recorded group and escaped
