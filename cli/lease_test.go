@@ -112,47 +112,6 @@ func TestLeaseRenewThenExpire(t *testing.T) {
 	r.AssertGroupEmpty(t)
 }
 
-// SIGKILL the wrapper of a leased run: the job lives on; past the deadline
-// `watchdog --once` stops the group, with deadline_expired journaled before
-// the first signal, and the run is cancelled.
-func TestWatchdogStopsOrphanedRun(t *testing.T) {
-	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "orphan", "--lease", "5m", "--grace", "2s", "orphan", "--", "sh", "-c", "sleep 300 & wait")
-	rec := r.WaitState(t, statusfile.Running)
-	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-	unix.Kill(rec.WrapperPID, unix.SIGKILL)
-	c.Wait(t)
-	// Before the deadline the watchdog leaves it alone.
-	if code, out, _ := aw(t, root, "watchdog", "--once"); code != 0 || out != "" {
-		t.Fatalf("watchdog before the deadline: exit %d, %q", code, out)
-	}
-	if len(runtest.Members(rec.PGID)) != 2 {
-		t.Fatal("the job did not outlive its wrapper")
-	}
-	dl := endLease(t, root, r)
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
-	code, out, stderr := aw(t, root, "watchdog", "--once")
-	if code != 0 {
-		t.Fatalf("watchdog: exit %d: %s", code, stderr)
-	}
-	var act watchdog.Action
-	if err := json.Unmarshal([]byte(out), &act); err != nil || act.Action != "stopped" || act.RunID != "orphan" {
-		t.Fatalf("watchdog output %q (%v)", out, err)
-	}
-	r.AssertGroupEmpty(t)
-	rec = r.MustStatus(t)
-	if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseLease || rec.Code() != 124 {
-		t.Fatalf("state %s cause %s code %d", rec.State, rec.Cause, rec.Code())
-	}
-	es := r.Journal(t)
-	if exp, sig := seqOf(es, "deadline_expired"), seqOf(es, "signal_sent"); exp < 0 || exp > sig {
-		t.Fatalf("deadline_expired (%d) must precede signal_sent (%d)", exp, sig)
-	}
-	if code, _, _ := aw(t, root, "verify", "orphan"); code != 0 {
-		t.Fatal("journal does not verify")
-	}
-}
-
 // Simulated PID reuse: a run's pid, pgid and record point at an unrelated
 // live process of the same user in its own session. cancel and watchdog
 // leave it (and its child) alive and say why.
