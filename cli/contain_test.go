@@ -114,44 +114,6 @@ func TestEscapesStopped(t *testing.T) {
 	}
 }
 
-// The wrapper SIGKILLed after an escape was journaled: cancel still finds
-// the escaped processes from the record, validates their start times and
-// stops them.
-func TestCancelStopsEscapesAfterWrapperDied(t *testing.T) {
-	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "esc-orphan", append([]string{"--grace", "1s", "esc-orphan", "--"}, escapingJob("sleep 300")...)...)
-	rec := r.WaitState(t, statusfile.Running)
-	esc := waitEscapes(t, r)
-	unix.Kill(rec.WrapperPID, unix.SIGKILL)
-	c.Wait(t)
-	for _, e := range esc {
-		if !proc.Alive(e.PID, e.Start) {
-			t.Fatalf("escaped %d died with the wrapper; the test proves nothing", e.PID)
-		}
-	}
-	code, out, stderr := aw(t, root, "cancel", "esc-orphan")
-	if code != 0 {
-		t.Fatalf("cancel: exit %d\n%s%s", code, out, stderr)
-	}
-	r.AssertGroupEmpty(t)
-	assertDead(t, esc)
-	var signalled []any
-	for _, e := range r.Journal(t) {
-		if e.Event == "signal_sent" && e.Fields["by"] == "cancel" {
-			signalled = append(signalled, e.Fields["pids"].([]any)...)
-		}
-	}
-	for _, e := range esc {
-		found := false
-		for _, p := range signalled {
-			found = found || int(p.(float64)) == e.PID
-		}
-		if !found {
-			t.Fatalf("escaped %d not among the PIDs cancel signalled: %v", e.PID, signalled)
-		}
-	}
-}
-
 // A tree of 500 processes (shells fanning out): cancel leaves none. The time
 // it takes is logged, not asserted (see BENCHMARKS.md for timing).
 func TestCancelWideTree(t *testing.T) {

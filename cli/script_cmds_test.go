@@ -63,7 +63,8 @@ import (
 //	    wait until run RUN_ID's record lists at least N escaped
 //	    descendants that still run and its journal has an escaped line for
 //	    each; fail if one of them is in the run's own group. Prints them,
-//	    one "PID ARGV" line each, for stdout to match.
+//	    one "PID ARGV" line each, for stdout to match, and sets
+//	    $ESCAPED_1, $ESCAPED_2, ... to their PIDs.
 //	leasepassed RUN_ID
 //	    wait until the deadline in run RUN_ID's deadline_epoch has passed.
 func scriptParams() testscript.Params {
@@ -366,25 +367,29 @@ func cmdEscapes(ts *testscript.TestScript, neg bool, args []string) {
 	if err != nil {
 		ts.Fatalf("escapes: bad count %q", args[1])
 	}
-	var lines []string
+	var lines, pids []string
 	ok := runtest.Within(runtest.Patience, func() bool {
 		rec := r.Status()
 		if rec == nil {
 			return false
 		}
-		lines = lines[:0]
+		lines, pids = lines[:0], pids[:0]
 		for _, e := range rec.Escaped {
-			if runtest.AliveAs(e.PID, e.Start) {
+			if proc.Alive(e.PID, e.Start) {
 				if e.SID == r.PGID() && e.PGID == r.PGID() {
 					ts.Fatalf("run %s: recorded escape %d is in the run's own group", r.ID, e.PID)
 				}
 				lines = append(lines, fmt.Sprintf("%d %s", e.PID, strings.Join(e.Argv, " ")))
+				pids = append(pids, strconv.Itoa(e.PID))
 			}
 		}
 		return len(lines) >= want && strings.Count(r.File(rundir.EventsFile), `"event":"escaped"`) >= want
 	})
 	if !ok {
 		ts.Fatalf("run %s: gave up after %v waiting for %d live escaped descendants recorded and journaled\nstatus: %s\njournal: %s", r.ID, runtest.Patience, want, r.File("status.json"), r.File(rundir.EventsFile))
+	}
+	for i, pid := range pids {
+		ts.Setenv(fmt.Sprintf("ESCAPED_%d", i+1), pid)
 	}
 	fmt.Fprintln(ts.Stdout(), strings.Join(lines, "\n"))
 }
