@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 )
 
 // cancelObject reads cancel --json's stdout: exactly one JSON object on one
@@ -40,7 +42,7 @@ func TestCancelJSONOverSSH(t *testing.T) {
 	h := newHarness(t)
 	const id = "cancel-json"
 	s := h.start(nil, "run", "--lease", "60s", "--grace", "2s", id, "--", "sh", "-c", treeJob)
-	eventually(t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
+	runtest.Eventually(t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
 	r := h.waitRunning(id)
 	waitMembers(t, r.PGID, 3)
 
@@ -77,7 +79,7 @@ func TestControllerReadsCancelJSON(t *testing.T) {
 	c := newCtlHarness(t)
 	const id = "ctl-cancel-json"
 	k := c.start(id, longLease, sleepTree...)
-	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning(id)
 	waitMembers(t, r.PGID, 3)
 	k.signal(t, syscall.SIGTERM)

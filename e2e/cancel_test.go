@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -14,7 +15,7 @@ const treeJob = `sleep 300 & sleep 300 & echo started; wait`
 func waitMembers(t *testing.T, pgid, n int) []pstat {
 	t.Helper()
 	var m []pstat
-	eventually(t, "the job's children to start", func() bool {
+	runtest.Eventually(t, "the job's children to start", func() bool {
 		m = groupMembers(pgid)
 		return len(m) == n
 	})
@@ -29,7 +30,7 @@ func TestCancelOverSecondConnection(t *testing.T) {
 	h := newHarness(t)
 	const id = "cancel-second"
 	s := h.start(nil, "run", "--lease", "60s", "--grace", "2s", id, "--", "sh", "-c", treeJob)
-	eventually(t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
+	runtest.Eventually(t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
 	r := h.waitRunning(id)
 	members := waitMembers(t, r.PGID, 3)
 
@@ -69,7 +70,7 @@ func TestCancelLeavesOtherRunAlone(t *testing.T) {
 	h := newHarness(t)
 	sa := h.start(nil, "run", "--lease", "60s", "--grace", "2s", "victim", "--", "sh", "-c", treeJob)
 	sb := h.start(nil, "run", "--lease", "60s", "--grace", "2s", "bystander", "--", "sh", "-c", treeJob)
-	eventually(t, "both jobs' first lines", func() bool {
+	runtest.Eventually(t, "both jobs' first lines", func() bool {
 		return strings.Contains(sa.stdout(), "started\n") && strings.Contains(sb.stdout(), "started\n")
 	})
 	ra, rb := h.waitRunning("victim"), h.waitRunning("bystander")

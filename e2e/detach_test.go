@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -33,7 +34,7 @@ func TestDetachOverSSH(t *testing.T) {
 
 	follow := h.start(nil, "logs", "-f", id)
 	waiter := h.start(nil, "wait", "--timeout", "25s", id)
-	eventually(t, "logs -f to print the job's first line", func() bool { return follow.stdout() == "begin\n" })
+	runtest.Eventually(t, "logs -f to print the job's first line", func() bool { return follow.stdout() == "begin\n" })
 
 	if c := h.ssh("cancel", "--wait", "20s", id); c.code != 0 {
 		t.Errorf("cancel: exit %d, want 0\nstderr: %s", c.code, c.stderr)

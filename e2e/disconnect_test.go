@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -35,7 +36,7 @@ func (h *harness) disconnect(s *stream, r record) {
 	}
 	s.kill(h.t)
 	for _, p := range conn {
-		eventually(h.t, "the connection's sshd processes to exit", func() bool { return !proc.Alive(p.pid, p.start) })
+		runtest.Eventually(h.t, "the connection's sshd processes to exit", func() bool { return !proc.Alive(p.pid, p.start) })
 	}
 	h.t.Logf("client killed; the connection's sshd processes %v are gone", pids(conn))
 }
@@ -56,7 +57,7 @@ func pids(ps []pstat) []int {
 func (h *harness) stillRunsAfterDisconnect(id string, r record, deadline time.Time) {
 	h.t.Helper()
 	size := h.logSize(id)
-	eventually(h.t, "stdout.log to grow after the disconnect", func() bool { return h.logSize(id) >= size+int64(3*len("line 99\n")) })
+	runtest.Eventually(h.t, "stdout.log to grow after the disconnect", func() bool { return h.logSize(id) >= size+int64(3*len("line 99\n")) })
 	var bad []string
 	if !proc.Alive(r.WrapperPID, r.WrapperStart) {
 		bad = append(bad, fmt.Sprintf("wrapper %d died after the disconnect (SIGPIPE?)", r.WrapperPID))
@@ -105,7 +106,7 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 	h := newHarness(t)
 	const id = "nopty-disconnect"
 	s := h.start(nil, "run", "--lease", "5m", "--grace", "1s", id, "--", "sh", "-c", printer)
-	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
+	runtest.Eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
 	r := h.waitRunning(id)
 	deadline := h.leaseDeadline(id)
 
@@ -123,7 +124,7 @@ func TestDisconnectNoPTYRunsUntilLease(t *testing.T) {
 	}
 	// The journal's final event may follow the terminal status.json; the
 	// wrapper has written both once it has exited.
-	eventually(t, "the wrapper to exit after its final record", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
+	runtest.Eventually(t, "the wrapper to exit after its final record", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
 	ev := h.events(id)
 	for _, want := range []string{"stream_lost", "deadline_expired", "final"} {
 		if !contains(ev, want) {
@@ -149,7 +150,7 @@ func (h *harness) reattach(id string) func(code int) {
 	follow := h.start(nil, "logs", "-f", id)
 	waiter := h.start(nil, "wait", "--timeout", "60s", id)
 	var live bool
-	eventually(h.t, "logs -f to print or the run to end", func() bool {
+	runtest.Eventually(h.t, "logs -f to print or the run to end", func() bool {
 		st, err := h.status(id)
 		live = err == nil && !st.terminal()
 		return follow.stdout() != "" || !live
@@ -180,7 +181,7 @@ func TestDisconnectPTYHangupCancels(t *testing.T) {
 	h := newHarness(t)
 	const id = "pty-hangup"
 	s := h.start([]string{"-tt"}, "run", "--lease", "60s", "--grace", "1s", id, "--", "sh", "-c", printer)
-	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
+	runtest.Eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
 	r := h.waitRunning(id)
 
 	h.disconnect(s, r)
@@ -201,7 +202,7 @@ func TestDisconnectPTYHangupIgnored(t *testing.T) {
 	h := newHarness(t)
 	const id = "pty-ignore"
 	s := h.start([]string{"-tt"}, "run", "--lease", "5m", "--grace", "1s", "--on-hangup", "ignore", id, "--", "sh", "-c", printer)
-	eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
+	runtest.Eventually(t, "streamed lines over ssh", func() bool { return strings.Count(s.stdout(), "\n") >= 3 })
 	r := h.waitRunning(id)
 	deadline := h.leaseDeadline(id)
 

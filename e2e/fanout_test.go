@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/controller"
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -190,7 +191,7 @@ func TestFanoutThroughMux(t *testing.T) {
 
 	// No master outlives the controllers.
 	for m := range masters {
-		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
+		runtest.Eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
 	}
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))
@@ -212,7 +213,7 @@ func TestMuxMasterKilledReattach(t *testing.T) {
 		ctls = append(ctls, c.start(id, nil, "sh", "-c", job))
 	}
 	for i, k := range ctls {
-		eventually(t, "run attached", func() bool { return strings.Contains(k.stdout(), fmt.Sprintf("before-%d\n", i)) })
+		runtest.Eventually(t, "run attached", func() bool { return strings.Contains(k.stdout(), fmt.Sprintf("before-%d\n", i)) })
 	}
 	stop := make(chan struct{})
 	seen := watchMasters(t, dir, stop)
@@ -253,7 +254,7 @@ func TestMuxMasterKilledReattach(t *testing.T) {
 		if old[m] {
 			t.Errorf("master %d was killed but is seen again", m.pid)
 		}
-		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
+		runtest.Eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
 	}
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))
@@ -313,11 +314,11 @@ func TestMuxLaunchKilledInMasterRunsNothing(t *testing.T) {
 	c := newCtlHarness(t)
 	// A run that keeps a master up.
 	keep := c.start("keeper", []string{"--lease", "60s"}, "sh", "-c", "echo up; sleep 60")
-	eventually(t, "the keeper's output", func() bool { return strings.Contains(keep.stdout(), "up\n") })
+	runtest.Eventually(t, "the keeper's output", func() bool { return strings.Contains(keep.stdout(), "up\n") })
 	c.rl.Hold()
 	started := strings.Count(c.srv.Log(), "Starting session:")
 	k := c.start("gated", []string{"--lease", "60s"}, "true")
-	eventually(t, "the gated launch's client", func() bool { return len(childrenOf(k.cmd.Process.Pid)) > 0 })
+	runtest.Eventually(t, "the gated launch's client", func() bool { return len(childrenOf(k.cmd.Process.Pid)) > 0 })
 	time.Sleep(200 * time.Millisecond) // its request reaches the master: the moment of the scenario
 	k.signal(t, syscall.SIGTERM)
 	if code := k.wait(t); code != 143 {
@@ -327,7 +328,7 @@ func TestMuxLaunchKilledInMasterRunsNothing(t *testing.T) {
 	closed := strings.Count(c.srv.Log(), "Close session:")
 	c.rl.Release()
 	// The held session opens now, and ends.
-	eventually(t, "the held session opened and closed", func() bool {
+	runtest.Eventually(t, "the held session opened and closed", func() bool {
 		log := c.srv.Log()
 		return strings.Count(log, "Starting session:") > started && strings.Count(log, "Close session:") > closed
 	})
@@ -343,7 +344,7 @@ func TestMuxLaunchKilledInMasterRunsNothing(t *testing.T) {
 func (k *ctl) waitWithin(t *testing.T, d time.Duration) int {
 	t.Helper()
 	select {
-	case <-k.done:
+	case <-k.group.Done():
 	case <-time.After(d):
 	}
 	return k.wait(t)
@@ -439,7 +440,7 @@ func TestFanoutMastersFill(t *testing.T) {
 		waitGroupEmpty(t, rec.PGID)
 	}
 	for m := range masters {
-		eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
+		runtest.Eventually(t, fmt.Sprintf("master %d gone", m.pid), func() bool { return !proc.Alive(m.pid, m.start) })
 	}
 	if left := processesUnder(dir); len(left) > 0 {
 		t.Errorf("left running after the controllers ended:\n%s", strings.Join(left, "\n"))

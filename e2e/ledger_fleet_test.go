@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/pgtest"
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
@@ -125,7 +126,7 @@ func TestSSHPostgresFleetSettleOnce(t *testing.T) {
 		ks = append(ks, startCtlEnv(t, runnerA, c.sshArgs(c.srv.Destination(), id(i), flags, gateJob(gate, 10+i)...)))
 	}
 	for i, k := range ks {
-		eventually(t, id(i)+" started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+		runtest.Eventually(t, id(i)+" started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 		c.waitRunning(id(i))
 	}
 	if code, out := runBinEnv(runnerB, "settle", "--all", "--dead", "--ledger", url); code != 0 || out != "" {
@@ -146,7 +147,7 @@ func TestSSHPostgresFleetSettleOnce(t *testing.T) {
 
 	// Runner B sees A's runs as dead once their heartbeats are older than
 	// the 5 s give-up time.
-	eventually(t, "runner A's runs dead to runner B", func() bool {
+	runtest.Eventually(t, "runner A's runs dead to runner B", func() bool {
 		code, out := runBinEnv(runnerB, "ledger", "--json", "--dead", "--controller", "runner-a", "--ledger", url)
 		if code == 0 && strings.Count(out, "\n") == n+1 {
 			return true
@@ -224,7 +225,7 @@ func TestSSHPostgresAway(t *testing.T) {
 	z := c.start("away-z", append(flags, "--give-up", "4s"), gateJob(gate, 6)...)
 	for _, id := range []string{"away-x", "away-z"} {
 		c.waitRunning(id)
-		eventually(t, id+" running in the ledger", func() bool { return pgRec(t, url, id).State == ledger.Running })
+		runtest.Eventually(t, id+" running in the ledger", func() bool { return pgRec(t, url, id).State == ledger.Running })
 	}
 
 	if err := pg.StopImmediate(); err != nil {
@@ -232,7 +233,7 @@ func TestSSHPostgresAway(t *testing.T) {
 	}
 	stopped := time.Now()
 	y := c.start("away-y", []string{"--lease", "30s"}, "echo", "launched")
-	eventually(t, "the new run waiting for its launching row", func() bool {
+	runtest.Eventually(t, "the new run waiting for its launching row", func() bool {
 		return strings.Contains(y.stderr(), "not launching until it commits")
 	})
 	// Past one lease since the stop, the live run still runs.
@@ -255,11 +256,11 @@ func TestSSHPostgresAway(t *testing.T) {
 	if code := z.wait(t); code != 255 || !strings.Contains(z.stderr(), "run away-z: the ledger could not be written for 4s (--give-up)") {
 		t.Errorf("away-z past its give-up: exit %d, want 255 naming the run:\n%s", code, z.stderr())
 	}
-	eventually(t, "away-x saying it cannot write", func() bool {
+	runtest.Eventually(t, "away-x saying it cannot write", func() bool {
 		return strings.Contains(x.stderr(), "run away-x: cannot write to the ledger")
 	})
 	select {
-	case <-x.done:
+	case <-x.group.Done():
 		t.Fatalf("away-x ended with its outcome unwritten: %s", x.stderr())
 	default:
 	}
@@ -305,7 +306,7 @@ func TestFrozenOwnerOnThisMachineIsGone(t *testing.T) {
 		gate := filepath.Join(t.TempDir(), "go")
 		id := "frozen-" + filepath.Base(t.Name())
 		k := c.start(id, []string{"--lease", "120s", "--grace", "1s", "--give-up", "8s"}, gateJob(gate, 9)...)
-		eventually(t, id+" started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+		runtest.Eventually(t, id+" started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 		c.waitRunning(id)
 		if code, out := c.settle("--all", "--dead"); code != 0 || out != "" {
 			t.Fatalf("settle --all --dead while the owner drives its run: exit %d, want 0 and nothing done:\n%s", code, out)
@@ -323,7 +324,7 @@ func TestFrozenOwnerOnThisMachineIsGone(t *testing.T) {
 		}
 
 		var out string
-		eventually(t, "the frozen owner's run settled by settle --all --dead on its own machine", func() bool {
+		runtest.Eventually(t, "the frozen owner's run settled by settle --all --dead on its own machine", func() bool {
 			var code int
 			code, out = c.settle("--all", "--dead")
 			if code == 0 && out != "" {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 )
 
 // `ledger show` through a real sshd: the controller's record
@@ -16,7 +18,7 @@ func TestLedgerShowOverSSH(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	k := c.start("lshow", longLease, sleepTree...)
-	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("lshow")
 	waitMembers(t, r.PGID, 3)
 	k.signal(t, syscall.SIGINT)

@@ -39,13 +39,14 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/relay"
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 // bin is the absolute path of the agent-wrap binary built by TestMain.
@@ -54,7 +55,7 @@ var bin string
 // waitLong bounds every wait on a condition: generous, because the machines
 // running these tests are shared and every ssh login runs the remote user's
 // shell startup files.
-const waitLong = 30 * time.Second
+const waitLong = runtest.Patience
 
 func TestMain(m *testing.M) {
 	relay.Connector() // the test binary as ssh's ProxyCommand (ssh_test.go)
@@ -162,9 +163,8 @@ func exitCode(err error) int {
 type stream struct {
 	cmd    *exec.Cmd
 	stdin  interface{ Close() error }
-	mu     sync.Mutex
-	out    bytes.Buffer // stdout so far
-	errb   bytes.Buffer // stderr so far
+	out    runtest.Buffer // stdout so far
+	errb   runtest.Buffer // stderr so far
 	done   chan struct{}
 	err    error // cmd.Wait's, once done is closed
 	copied chan struct{}
@@ -186,7 +186,7 @@ func (h *harness) start(sshOpts []string, args ...string) *stream {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	s.cmd.Stderr = lockedWriter{&s.mu, &s.errb}
+	s.cmd.Stderr = &s.errb
 	if err := s.cmd.Start(); err != nil {
 		h.t.Fatal(err)
 	}
@@ -195,9 +195,7 @@ func (h *harness) start(sshOpts []string, args ...string) *stream {
 		buf := make([]byte, 1<<16)
 		for {
 			n, err := r.Read(buf)
-			s.mu.Lock()
 			s.out.Write(buf[:n])
-			s.mu.Unlock()
 			if err != nil {
 				break
 			}
@@ -220,29 +218,10 @@ func (h *harness) start(sshOpts []string, args ...string) *stream {
 	return s
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
 // stdout returns what the stream has printed so far.
-func (s *stream) stdout() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.out.String()
-}
+func (s *stream) stdout() string { return s.out.String() }
 
-func (s *stream) stderr() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.errb.String()
-}
+func (s *stream) stderr() string { return s.errb.String() }
 
 // kill SIGKILLs the local ssh client, as a crashing controller would be.
 func (s *stream) kill(t *testing.T) {
@@ -271,39 +250,11 @@ func tail(s string) string {
 	return s
 }
 
-// eventually polls cond until it returns true or waitLong passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitLong, what)
-		}
-		time.Sleep(25 * time.Millisecond) // poll interval, not synchronisation
-	}
-}
+// record is a run's status.json as runtest reads it, with the one-line
+// summary the tests print.
+type record struct{ statusfile.Record }
 
-// record is the part of status.json the tests judge.
-type record struct {
-	Schema       int      `json:"schema"`
-	RunID        string   `json:"run_id"`
-	State        string   `json:"state"`
-	Cause        string   `json:"cause"`
-	ExitCode     *int     `json:"exit_code"`
-	Signal       string   `json:"signal"`
-	PID          int      `json:"pid"`
-	PGID         int      `json:"pgid"`
-	SID          int      `json:"sid"`
-	WrapperPID   int      `json:"wrapper_pid"`
-	LeaderStart  uint64   `json:"leader_start"`
-	WrapperStart uint64   `json:"wrapper_start"`
-	Command      []string `json:"command"`
-	Survivors    []int    `json:"survivors"`
-}
-
-func (r record) terminal() bool {
-	return r.State == "finished" || r.State == "cancelled" || r.State == "launch_failed"
-}
+func (r record) terminal() bool { return statusfile.Terminal(r.State) }
 
 func (r record) String() string {
 	code := "none"
@@ -316,13 +267,11 @@ func (r record) String() string {
 
 // status reads ROOT/id/status.json directly (the test runs on the host).
 func (h *harness) status(id string) (record, error) {
-	var r record
-	b, err := os.ReadFile(filepath.Join(h.root, id, "status.json"))
+	rec, err := runtest.Run{Root: h.root, ID: id}.ReadStatus()
 	if err != nil {
-		return r, err
+		return record{}, err
 	}
-	err = json.Unmarshal(b, &r)
-	return r, err
+	return record{*rec}, nil
 }
 
 // waitState waits until the run's record satisfies cond and returns it.
@@ -330,17 +279,13 @@ func (h *harness) waitState(id, what string, cond func(record) bool) record {
 	h.t.Helper()
 	var last record
 	var lastErr error
-	deadline := time.Now().Add(waitLong)
-	for {
+	if !runtest.Within(runtest.Patience, func() bool {
 		last, lastErr = h.status(id)
-		if lastErr == nil && cond(last) {
-			return last
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("run %s: timed out after %v waiting for %s; last record: %v (err %v)", id, waitLong, what, last, lastErr)
-		}
-		time.Sleep(25 * time.Millisecond)
+		return lastErr == nil && cond(last)
+	}) {
+		h.t.Fatalf("run %s: timed out after %v waiting for %s; last record: %v (err %v)", id, runtest.Patience, what, last, lastErr)
 	}
+	return last
 }
 
 // waitRunning waits until the run is running with its pid recorded.

@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // agent-wrap mcp through the SDK's own Go client: the client starts
@@ -433,7 +435,7 @@ func testMCPAbortedCall(t *testing.T, c *ctlHarness) {
 	<-done
 	wantFinal(t, c.waitTerminal("abort"), "cancelled", "cancel", 143)
 	c.treeGone("abort")
-	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("abort").State == ledger.Settled })
+	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("abort").State == ledger.Settled })
 	took := time.Since(start)
 	c.wantSettled("abort", "cancelled", "cancel", 143)
 	if r := c.ledgerRec("abort"); !r.CancelRequested {
@@ -466,12 +468,12 @@ func testMCPAbortedCall(t *testing.T, c *ctlHarness) {
 	// The job has printed, so the server's first progress tick on the
 	// wait reports it: then the request is in flight, and its abort is a
 	// cancel of something.
-	eventually(t, "a progress notification of the wait", func() bool { return len(k.progressOf("tok-wait")) > 0 })
+	runtest.Eventually(t, "a progress notification of the wait", func() bool { return len(k.progressOf("tok-wait")) > 0 })
 	cancel2()
 	<-done
 	wantFinal(t, c.waitTerminal("abort-wait"), "cancelled", "cancel", 143)
 	c.treeGone("abort-wait")
-	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("abort-wait").State == ledger.Settled })
+	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("abort-wait").State == ledger.Settled })
 	c.wantSettled("abort-wait", "cancelled", "cancel", 143)
 }
 
@@ -529,7 +531,7 @@ func TestMCPClientGone(t *testing.T) {
 	if by := c.cancelBy("a-run"); by != "mcp:exit" {
 		t.Errorf("a-run's cancel_requested event says by %q, want mcp:exit (the client went away)", by)
 	}
-	eventually(t, "a's server to exit", func() bool { return !proc.Alive(serverPID, 0) })
+	runtest.Eventually(t, "a's server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 
 	b.callOK("wait", map[string]any{"run_id": "b-run", "seconds": 60}, &r)
 	if r.Outcome != "completed" || r.code() != 0 || !strings.Contains(r.Stdout.Text, "b done") {
@@ -539,7 +541,7 @@ func TestMCPClientGone(t *testing.T) {
 	// keep: the server exits, the run goes on under its lease.
 	keepPID := keep.cmd.Process.Pid
 	_ = keep.cs.Close()
-	eventually(t, "the keep server to exit", func() bool { return !proc.Alive(keepPID, 0) })
+	runtest.Eventually(t, "the keep server to exit", func() bool { return !proc.Alive(keepPID, 0) })
 	if got := groupMembers(hk.PGID); len(got) != 3 {
 		t.Errorf("--on-exit keep: the kept run's group has %d live members, want 3", len(got))
 	}
@@ -644,9 +646,9 @@ func TestMCPUnreachableAndSignalled(t *testing.T) {
 	}
 	wantFinal(t, c.waitTerminal("termed"), "cancelled", "cancel", 143)
 	c.treeGone("termed")
-	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("termed").State == ledger.Settled })
+	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("termed").State == ledger.Settled })
 	c.wantSettled("termed", "cancelled", "cancel", 143)
-	eventually(t, "the server to exit", func() bool { return !proc.Alive(pid, 0) })
+	runtest.Eventually(t, "the server to exit", func() bool { return !proc.Alive(pid, 0) })
 }
 
 // mcpClientEnv makes the test binary a Go MCP client of its own process
@@ -749,9 +751,9 @@ func TestMCPGoClientKilled(t *testing.T) {
 	_ = helper.Wait()
 	wantFinal(t, c.waitTerminal("go-killed"), "cancelled", "cancel", 143)
 	c.treeGone("go-killed")
-	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("go-killed").State == ledger.Settled })
+	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("go-killed").State == ledger.Settled })
 	c.wantSettled("go-killed", "cancelled", "cancel", 143)
-	eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
+	runtest.Eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 }
 
 // TestMCPParentGone: the client's process gone while its pipe to the
@@ -811,12 +813,12 @@ func TestMCPParentGone(t *testing.T) {
 	_ = parent.Wait()
 	wantFinal(t, c.waitTerminal("orphaned"), "cancelled", "cancel", 143)
 	c.treeGone("orphaned")
-	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("orphaned").State == ledger.Settled })
+	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("orphaned").State == ledger.Settled })
 	c.wantSettled("orphaned", "cancelled", "cancel", 143)
 	if by := c.cancelBy("orphaned"); by != "mcp:exit" {
 		t.Errorf("cancel_requested by %q, want mcp:exit", by)
 	}
-	eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
+	runtest.Eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 	if !strings.Contains(errb.String(), "the client's process is gone") {
 		t.Errorf("the server did not say why it ended: %s", errb.String())
 	}

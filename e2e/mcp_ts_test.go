@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
@@ -194,7 +195,7 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	}
 	wantFinal(t, c.waitTerminal("ts-abort"), "cancelled", "cancel", 143)
 	c.treeGone("ts-abort")
-	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("ts-abort").State == ledger.Settled })
+	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("ts-abort").State == ledger.Settled })
 	c.wantSettled("ts-abort", "cancelled", "cancel", 143)
 	t.Logf("abort confirmed on the host and in the ledger %v after it", time.Since(start))
 
@@ -213,7 +214,7 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	}
 	wantFinal(t, c.waitTerminal("ts-killed"), "cancelled", "cancel", 143)
 	c.treeGone("ts-killed")
-	eventually(t, "the ledger settled", func() bool { return c.ledgerRec("ts-killed").State == ledger.Settled })
+	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("ts-killed").State == ledger.Settled })
 	c.wantSettled("ts-killed", "cancelled", "cancel", 143)
-	eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
+	runtest.Eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 }

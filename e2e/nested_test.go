@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -163,7 +164,7 @@ func TestNestedCancelOuterStopsInnerFirst(t *testing.T) {
 	a := c.level(t)
 	k := a.runLocal("outer1", []string{"--lease", "120s", "--grace", "2s", "--handoff-grace", "30s"},
 		c.sshArgv("inner1", []string{"--lease", "120s", "--grace", "2s"}, trapTerm...)...)
-	eventually(t, "the inner job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the inner job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	c.waitRunning("inner1")
 	a.waitHandoff("outer1", "inner1", "running with its lease end", func(h statusfile.Handoff) bool {
 		return h.Outcome == statusfile.HandoffRunning && h.LeaseEndsAt != ""
@@ -260,7 +261,7 @@ func TestNestedOuterKilledInnerEndsByOuterDeadline(t *testing.T) {
 	if err := syscall.Kill(r.WrapperPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the outer wrapper dead", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
+	runtest.Eventually(t, "the outer wrapper dead", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
 	mark := len(c.ctlEvents("inner2"))
 	c.waitEvent("inner2", "renew_failed", mark)
 	if ev := c.lastEvent("inner2", "renew_failed"); ev["reason"] != "refused" || !strings.Contains(ev["error"].(string), "cannot be asked") {
@@ -309,7 +310,7 @@ func TestNestedBlackholedInnerUnknownWithLeaseEnd(t *testing.T) {
 	const handoffGrace, grace, innerGrace = 2 * time.Second, 2 * time.Second, 2 * time.Second
 	k := a.runLocal("outer3", []string{"--lease", "120s", "--grace", grace.String(), "--handoff-grace", handoffGrace.String()},
 		c.sshArgv("inner3", []string{"--lease", "6s", "--grace", innerGrace.String(), "--renew-every", "2s"}, trapTerm...)...)
-	eventually(t, "the inner job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the inner job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	c.waitEvent("inner3", "renewed", 0)
 	c.rl.Blackhole(true)
 
@@ -360,7 +361,7 @@ func TestNestedThreeLevelsInnermostFirst(t *testing.T) {
 	bJob := cc.sshArgv("c4", []string{"--lease", "120s", "--grace", "2s"}, trapTerm...)
 	k := a.runLocal("a4", []string{"--lease", "120s", "--grace", "2s", "--handoff-grace", "40s"},
 		c.sshArgv("b4", []string{"--lease", "120s", "--grace", "20s"}, bJob...)...)
-	eventually(t, "the innermost job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the innermost job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	cc.waitRunning("c4")
 	c.waitHandoff("b4", "c4", "running", func(h statusfile.Handoff) bool { return h.LeaseEndsAt != "" })
 	a.waitHandoff("a4", "b4", "running", func(h statusfile.Handoff) bool { return h.LeaseEndsAt != "" })
@@ -408,14 +409,14 @@ func TestNestedRefusedWhileOuterEnds(t *testing.T) {
 	inner := strings.Join(shellWords(c.sshArgv("late", []string{"--lease", "120s"}, "true")), " ")
 	job := []string{"sh", "-c", `trap "" TERM; echo started; while [ ! -e "$1" ]; do sleep 0.05; done; ` + inner + `; echo "inner exit $?"; sleep 300`, "sh", gate}
 	k := a.runLocal("outer5", []string{"--lease", "120s", "--grace", "3s"}, job...)
-	eventually(t, "the outer job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the outer job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	cancel := exec.Command(bin, "--root", a.root, "cancel", "--wait", "60s", "outer5")
 	if err := cancel.Start(); err != nil {
 		t.Fatal(err)
 	}
 	a.waitState("outer5", "cancelling", func(r record) bool { return r.State == "cancelling" })
 	os.WriteFile(gate, nil, 0o600)
-	eventually(t, "the inner controller's exit", func() bool { return strings.Contains(k.stdout(), "inner exit ") })
+	runtest.Eventually(t, "the inner controller's exit", func() bool { return strings.Contains(k.stdout(), "inner exit ") })
 	if !strings.Contains(k.stdout(), "inner exit 75\n") {
 		t.Errorf("inner controller: %q, want exit 75", k.stdout())
 	}
@@ -462,7 +463,7 @@ func TestNestedOuterLeaseShortenedInnerFollows(t *testing.T) {
 		t.Fatalf("renew outer6: %v: %s", err, out)
 	}
 	outer := deadline(a.root, "outer6")
-	eventually(t, "the inner deadline at or before the outer one", func() bool {
+	runtest.Eventually(t, "the inner deadline at or before the outer one", func() bool {
 		dl := deadline(c.root, "inner6")
 		return dl > 0 && dl <= outer
 	})

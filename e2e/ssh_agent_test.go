@@ -12,6 +12,7 @@ import (
 
 	"github.com/agent-wrap/agent-wrap/internal/agenttest"
 	"github.com/agent-wrap/agent-wrap/internal/relay"
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/timeline"
 )
@@ -142,30 +143,15 @@ func TestSSHAgentLostWithLaunchConnection(t *testing.T) {
 	job := []string{"sh", "-c", `ssh-add -l >/dev/null; echo "before=$?"; while [ ! -e "$1" ]; do sleep 0.1; done; ssh-add -l >/dev/null 2>&1; echo "after=$?"`, "sh", gate}
 	args := []string{"ssh", "--rsh", rsh, "--remote-bin", bin, "--remote-root", c.root, "--ledger", c.ledger,
 		"--events", c.events, "--id", "lost", "--agent", "scoped", c.srv.Destination(), "--"}
-	k := &ctl{done: make(chan struct{})}
-	k.cmd = exec.Command(bin, append(args, job...)...)
+	k := &ctl{cmd: exec.Command(bin, append(args, job...)...)}
 	k.cmd.Env = append(os.Environ(), "SSH_AUTH_SOCK="+a.Sock)
-	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
-	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := k.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { k.err = k.cmd.Wait(); close(k.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-k.done:
-		default:
-			_ = k.cmd.Process.Kill()
-			<-k.done
-		}
-	})
-	eventually(t, "the job's first request", func() bool { return strings.Contains(k.stdout(), "before=") })
+	k.startIn(t)
+	runtest.Eventually(t, "the job's first request", func() bool { return strings.Contains(k.stdout(), "before=") })
 	if !strings.Contains(k.stdout(), "before=0\n") {
 		t.Fatalf("the agent did not answer while the launch connection lived: %q", k.stdout())
 	}
 	var pid int
-	eventually(t, "the launch connection's client", func() bool { pid = k.attachClient(); return pid > 0 })
+	runtest.Eventually(t, "the launch connection's client", func() bool { pid = k.attachClient(); return pid > 0 })
 	syscall.Kill(pid, syscall.SIGKILL)
 	c.waitEvent("lost", "attached", 0)
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
@@ -125,10 +126,10 @@ func (c *ctlHarness) heldLaunch(id string, hold func()) (*ctl, int) {
 	}
 	rsh := c.rsh("-o", "ServerAliveInterval=60")
 	k := c.start(id, []string{"--rsh", rsh, "--remote-bin", script, "--lease", "120s", "--grace", "2s"}, sleepTree...)
-	eventually(c.t, "the launch's command on the host", func() bool { _, err := os.Stat(sent); return err == nil })
+	runtest.Eventually(c.t, "the launch's command on the host", func() bool { _, err := os.Stat(sent); return err == nil })
 	hold()
 	var client int
-	eventually(c.t, "the launch's ssh client", func() bool {
+	runtest.Eventually(c.t, "the launch's ssh client", func() bool {
 		for _, p := range childrenOf(k.cmd.Process.Pid) {
 			client = p.pid
 		}

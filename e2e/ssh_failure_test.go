@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -20,7 +21,7 @@ func TestSSHFailTermWrapper(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	k := c.start("fail-wrapper", longLease, sleepTree...)
-	eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("fail-wrapper")
 	waitMembers(t, r.PGID, 3)
 	if !proc.Alive(r.WrapperPID, r.WrapperStart) {
@@ -42,7 +43,7 @@ func TestSSHFailTermLeader(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	k := c.start("fail-leader", longLease, sleepTree...)
-	eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("fail-leader")
 	waitMembers(t, r.PGID, 3)
 	syscall.Kill(r.PID, syscall.SIGTERM)
@@ -67,11 +68,11 @@ func TestSSHFailClientKilled(t *testing.T) {
 	gate := filepath.Join(t.TempDir(), "go")
 	job := []string{"sh", "-c", `sleep 300 & echo before; while [ ! -e "$1" ]; do sleep 0.1; done; kill $!; echo after; exit 9`, "sh", gate}
 	k := c.start("fail-client", longLease, job...)
-	eventually(t, "before", func() bool { return strings.Contains(k.stdout(), "before\n") })
+	runtest.Eventually(t, "before", func() bool { return strings.Contains(k.stdout(), "before\n") })
 	r := c.waitRunning("fail-client")
 	members := waitMembers(t, r.PGID, 2)
 	var pid int
-	eventually(t, "the attach client", func() bool { pid = k.attachClient(); return pid > 0 })
+	runtest.Eventually(t, "the attach client", func() bool { pid = k.attachClient(); return pid > 0 })
 	syscall.Kill(pid, syscall.SIGKILL)
 	c.rl.Cut()
 	c.waitEvent("fail-client", "detached", 0)
@@ -104,7 +105,7 @@ func TestSSHFailDisconnectWhileCancelling(t *testing.T) {
 	c := newCtlHarness(t)
 	job := []string{"sh", "-c", `trap "" TERM; sleep 300 & echo started; wait; wait`}
 	k := c.start("fail-cancelling", []string{"--lease", "120s", "--grace", "4s"}, job...)
-	eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("fail-cancelling")
 	waitMembers(t, r.PGID, 2)
 	k.signal(t, syscall.SIGINT)

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
@@ -143,7 +144,7 @@ func TestSSHHTTPGatewaySecretFromController(t *testing.T) {
 	job := []string{"sh", "-c", `curl -sS --fail --noproxy '*' "$AGENT_WRAP_HTTP_GH/x" && echo && while [ ! -e "$1" ]; do sleep 0.1; done`, "sh", gate}
 
 	k := c.start("gw", flags, job...)
-	eventually(t, "the upstream's answer on the job's stdout", func() bool { return strings.Contains(k.stdout(), "hello from upstream") })
+	runtest.Eventually(t, "the upstream's answer on the job's stdout", func() bool { return strings.Contains(k.stdout(), "hello from upstream") })
 	if got := up.requests(); len(got) != 1 || got[0].path != "/api/x" || got[0].auth != "Bearer "+token {
 		t.Errorf("the upstream saw %+v, want one GET /api/x with the Bearer token", got)
 	}

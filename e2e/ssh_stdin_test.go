@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 )
 
 // The job's stdin through `agent-wrap ssh`: the controller's own, byte for
@@ -111,7 +113,7 @@ func TestSSHStdinCutMidStream(t *testing.T) {
 	// the test has cut the connection.
 	job := []string{"sh", "-c", `head -c 1048576 > "$1/a" && echo half && while [ ! -e "$1/go" ]; do sleep 0.05; done && cat > "$1/b"`, "sh", dir}
 	k := startCtlIn(t, c.env, c.sshArgs(c.srv.Destination(), "stdin-cut", longLease, job...), bytes.NewReader(in))
-	eventually(t, "half", func() bool { return strings.Contains(k.stdout(), "half\n") })
+	runtest.Eventually(t, "half", func() bool { return strings.Contains(k.stdout(), "half\n") })
 	c.rl.Cut()
 	c.waitEvent("stdin-cut", "detached", 0)
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
@@ -155,11 +157,11 @@ func TestSSHStdinPastBoundCut(t *testing.T) {
 	c.env = append(c.env, "AGENT_WRAP_STDIN_KEEP=64K")
 	in := &countingReader{r: bytes.NewReader(randomBytes(t, 16<<20))}
 	k := startCtlIn(t, c.env, c.sshArgs(c.srv.Destination(), "stdin-bound", longLease, "sh", "-c", "echo ready; exec sleep 300"), in)
-	eventually(t, "ready", func() bool { return strings.Contains(k.stdout(), "ready\n") })
+	runtest.Eventually(t, "ready", func() bool { return strings.Contains(k.stdout(), "ready\n") })
 	// 1 MiB taken by the controller: at most 64 KiB of it waits in the
 	// pipe to it and 128 KiB in what it keeps, so it has sent far more
 	// than the 64 KiB the job's pipe holds.
-	eventually(t, "the controller to take 1 MiB of its stdin", func() bool { return in.n.Load() >= 1<<20 })
+	runtest.Eventually(t, "the controller to take 1 MiB of its stdin", func() bool { return in.n.Load() >= 1<<20 })
 	c.rl.Cut()
 	if code := k.wait(t); code != 143 {
 		t.Fatalf("controller exit %d, want 143\nstderr: %s", code, k.stderr())

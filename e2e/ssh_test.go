@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
@@ -97,7 +98,7 @@ func TestSSHInterruptCancels(t *testing.T) {
 
 func testSSHInterruptCancels(t *testing.T, c *ctlHarness) {
 	k := c.start("int", longLease, sleepTree...)
-	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	r := c.waitRunning("int")
 	waitMembers(t, r.PGID, 3)
 	if l := c.ledgerRec("int"); l.State != ledger.Running || l.RemotePID != r.PID || l.BootID == "" {
@@ -139,9 +140,9 @@ func TestSSHReattachAfterClientKilled(t *testing.T) {
 	c := newCtlHarness(t)
 	const n = 300
 	k := c.start("reattach", longLease, lineJob(n)...)
-	eventually(t, "some output", func() bool { return strings.Contains(k.stdout(), "out 20\n") })
+	runtest.Eventually(t, "some output", func() bool { return strings.Contains(k.stdout(), "out 20\n") })
 	var pid int
-	eventually(t, "the attach client", func() bool { pid = k.attachClient(); return pid > 0 })
+	runtest.Eventually(t, "the attach client", func() bool { pid = k.attachClient(); return pid > 0 })
 	syscall.Kill(pid, syscall.SIGKILL)
 	if code := k.wait(t); code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", code, tail(k.stderr()))
@@ -190,7 +191,7 @@ func TestSSHBlackholeShorterThanLease(t *testing.T) {
 	c := newCtlHarness(t)
 	gate := filepath.Join(t.TempDir(), "go")
 	k := c.start("hole", []string{"--lease", "120s", "--grace", "2s", "--renew-every", "2s"}, waitFileJob(gate)...)
-	eventually(t, "before", func() bool { return strings.Contains(k.stdout(), "before\n") })
+	runtest.Eventually(t, "before", func() bool { return strings.Contains(k.stdout(), "before\n") })
 	c.waitEvent("hole", "renewed", 0)
 	c.rl.Blackhole(true)
 	c.waitEvent("hole", "renew_failed", 0)
@@ -224,7 +225,7 @@ func TestSSHBlackholePastLease(t *testing.T) {
 	// ended on demand on the host (renew --lease 1s, over a connection that
 	// does not go through the relay): the lease passes during the blackhole.
 	k := c.start("giveup", []string{"--lease", "120s", "--grace", "1s", "--renew-every", "1s", "--give-up", "8s"}, sleepTree...)
-	eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "started", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	c.waitEvent("giveup", "renewed", 0)
 	c.rl.Blackhole(true)
 	c.waitEvent("giveup", "renew_failed", len(c.ctlEvents("giveup")))
@@ -290,8 +291,8 @@ func TestSSHTwoControllersOneCancelled(t *testing.T) {
 	gate := filepath.Join(t.TempDir(), "go")
 	a := c.start("two-a", longLease, sleepTree...)
 	b := c.start("two-b", longLease, append(waitFileJob(gate)[:2], `sleep 300 & echo before; while [ ! -e "$1" ]; do sleep 0.1; done; kill $!; echo after; exit 5`, "sh", gate)...)
-	eventually(t, "a started", func() bool { return strings.Contains(a.stdout(), "started\n") })
-	eventually(t, "b started", func() bool { return strings.Contains(b.stdout(), "before\n") })
+	runtest.Eventually(t, "a started", func() bool { return strings.Contains(a.stdout(), "started\n") })
+	runtest.Eventually(t, "b started", func() bool { return strings.Contains(b.stdout(), "before\n") })
 	rb := c.waitRunning("two-b")
 	bMembers := waitMembers(t, rb.PGID, 2)
 	a.signal(t, syscall.SIGINT)
@@ -384,7 +385,7 @@ func testSSHCancelBeforeLaunch(t *testing.T, c *ctlHarness) {
 	k := c.start("early", []string{"--rsh", c.rsh("-o", "ConnectTimeout=2"), "--lease", "120s", "--give-up", "60s"}, "true")
 	c.waitEvent("early", "detached", 0)
 	k.signal(t, syscall.SIGINT)
-	eventually(t, "ledger cancel_requested", func() bool { return c.ledgerRec("early").CancelRequested })
+	runtest.Eventually(t, "ledger cancel_requested", func() bool { return c.ledgerRec("early").CancelRequested })
 	c.rl.Blackhole(false)
 	if code := k.wait(t); code != 143 {
 		t.Errorf("exit %d, want 143\nstderr: %s", code, k.stderr())
@@ -418,7 +419,7 @@ func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
 		{"kill-output", func(id string, k *ctl) bool { return k.stdout() == "x\n" }},
 	} {
 		k := c.start(m.id, longLease, job...)
-		eventually(t, m.id+": the moment", func() bool { return m.when(m.id, k) })
+		runtest.Eventually(t, m.id+": the moment", func() bool { return m.when(m.id, k) })
 		var clients []int
 		for _, p := range childrenOf(k.cmd.Process.Pid) {
 			clients = append(clients, p.pid)
@@ -429,7 +430,7 @@ func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
 			t.Errorf("%s: settled by a controller that was killed: %+v", m.id, r)
 		}
 		for _, pid := range clients {
-			eventually(t, "the killed controller's ssh client to die", func() bool { return !proc.Alive(pid, 0) })
+			runtest.Eventually(t, "the killed controller's ssh client to die", func() bool { return !proc.Alive(pid, 0) })
 		}
 		c.waitTerminal(m.id)
 		if code, out := c.settle(m.id); code != 0 {
@@ -465,7 +466,7 @@ func TestSSHHostWithoutAttach(t *testing.T) {
 	} {
 		k := c.start(tc.id, []string{"--remote-bin", old, "--lease", "120s"}, tc.job...)
 		if tc.id == "oldhost-live" {
-			eventually(t, "the refusal said", func() bool { return strings.Contains(k.stderr(), "no attach command") })
+			runtest.Eventually(t, "the refusal said", func() bool { return strings.Contains(k.stderr(), "no attach command") })
 			c.waitRunning(tc.id)
 			os.WriteFile(gate, nil, 0o600)
 		}
@@ -496,7 +497,7 @@ func TestSSHHostWithoutCancelJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := c.start("oldcancel", []string{"--remote-bin", old, "--lease", "120s"}, sleepTree...)
-	eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
+	runtest.Eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	c.waitRunning("oldcancel")
 	k.signal(t, syscall.SIGINT)
 	if code := k.wait(t); code != 143 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/relay"
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
@@ -55,12 +56,10 @@ func (c *ctlHarness) rsh(first ...string) string {
 
 // ctl is one controller process.
 type ctl struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer
-	errb bytes.Buffer
-	done chan struct{}
-	err  error
+	cmd   *exec.Cmd
+	out   runtest.Buffer
+	errb  runtest.Buffer
+	group *runtest.Group
 }
 
 // start runs `agent-wrap ssh` with flags for run id and argv.
@@ -85,7 +84,7 @@ func (c *ctlHarness) sshArgs(dest, id string, flags []string, argv ...string) []
 }
 
 // startCtl starts bin with args in a process group of its own, its output
-// kept; cleanup kills it if it still runs.
+// kept; cleanup KILLs the group and fails the test if any of it survives.
 func startCtl(t *testing.T, args []string) *ctl {
 	t.Helper()
 	return startCtlEnv(t, nil, args)
@@ -101,32 +100,26 @@ func startCtlEnv(t *testing.T, env, args []string) *ctl {
 // /dev/null).
 func startCtlIn(t *testing.T, env, args []string, stdin io.Reader) *ctl {
 	t.Helper()
-	k := &ctl{done: make(chan struct{})}
-	k.cmd = exec.Command(bin, args...)
+	k := &ctl{cmd: exec.Command(bin, args...)}
 	k.cmd.Stdin = stdin
 	// The controller's ControlMasters (--mux auto) in a directory of this
 	// test's, not the user's machine-wide one.
 	k.cmd.Env = append(append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t)), env...)
-	k.cmd.Stdout = lockedWriter{&k.mu, &k.out}
-	k.cmd.Stderr = lockedWriter{&k.mu, &k.errb}
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := k.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { k.err = k.cmd.Wait(); close(k.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-k.done:
-		default:
-			_ = k.cmd.Process.Kill()
-			<-k.done
-		}
-	})
+	k.startIn(t)
 	return k
 }
 
-func (k *ctl) stdout() string { k.mu.Lock(); defer k.mu.Unlock(); return k.out.String() }
-func (k *ctl) stderr() string { k.mu.Lock(); defer k.mu.Unlock(); return k.errb.String() }
+// startIn starts the controller's command in a process group of its own,
+// its output kept; cleanup KILLs the group and fails the test if any of it
+// survives.
+func (k *ctl) startIn(t *testing.T) {
+	t.Helper()
+	k.cmd.Stdout, k.cmd.Stderr = &k.out, &k.errb
+	k.group = runtest.StartInGroup(t, k.cmd)
+}
+
+func (k *ctl) stdout() string { return k.out.String() }
+func (k *ctl) stderr() string { return k.errb.String() }
 
 func (k *ctl) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
@@ -139,7 +132,7 @@ func (k *ctl) signal(t *testing.T, sig syscall.Signal) {
 func (k *ctl) wait(t *testing.T) int {
 	t.Helper()
 	select {
-	case <-k.done:
+	case <-k.group.Done():
 	case <-time.After(2 * waitLong):
 		t.Fatalf("controller still running after %v\nstdout: %s\nstderr: %s", 2*waitLong, tail(k.stdout()), k.stderr())
 	}
@@ -149,8 +142,8 @@ func (k *ctl) wait(t *testing.T) int {
 			words = append(words, l)
 		}
 	}
-	t.Logf("controller exit %d; its own words:\n%s", exitCode(k.err), strings.Join(words, "\n"))
-	return exitCode(k.err)
+	t.Logf("controller exit %d; its own words:\n%s", exitCode(k.group.Err()), strings.Join(words, "\n"))
+	return exitCode(k.group.Err())
 }
 
 // attachClient returns the PID of the controller's ssh client running
@@ -223,7 +216,7 @@ func (c *ctlHarness) ctlEvents(id string) []string {
 // skip events.
 func (c *ctlHarness) waitEvent(id, name string, after int) {
 	c.t.Helper()
-	eventually(c.t, "controller event "+name, func() bool {
+	runtest.Eventually(c.t, "controller event "+name, func() bool {
 		ev := c.ctlEvents(id)
 		return len(ev) > after && contains(ev[after:], name)
 	})

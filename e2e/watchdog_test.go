@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -31,7 +32,7 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 	if err := syscall.Kill(r.WrapperPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the wrapper to die", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
+	runtest.Eventually(t, "the wrapper to die", func() bool { return !proc.Alive(r.WrapperPID, r.WrapperStart) })
 
 	code, v := h.reconcileJSON(id)
 	if code != 3 || v["outcome"] != "running" || v["supervisor"] != "lost" {
@@ -40,7 +41,7 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 
 	// End the lease on demand, now that the checks above are made.
 	deadline := h.endLease(id)
-	eventually(t, "the lease deadline to pass", func() bool { return time.Now().After(deadline.Add(time.Second)) })
+	runtest.Eventually(t, "the lease deadline to pass", func() bool { return time.Now().After(deadline.Add(time.Second)) })
 	for _, m := range members {
 		if !proc.Alive(m.pid, m.start) {
 			t.Fatalf("member %d died before the watchdog ran: nothing left to prove", m.pid)

@@ -110,29 +110,31 @@ func (r Run) File(name string) string {
 	return string(b)
 }
 
-// Status reads and parses status.json; nil if missing or unparseable.
-func (r Run) Status() *statusfile.Record {
+// ReadStatus reads and parses status.json.
+func (r Run) ReadStatus() (*statusfile.Record, error) {
 	b, err := os.ReadFile(filepath.Join(r.Dir(), "status.json"))
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	rec, err := statusfile.Parse(b)
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("%v\n%s", err, b)
 	}
+	return rec, nil
+}
+
+// Status reads and parses status.json; nil if missing or unparseable.
+func (r Run) Status() *statusfile.Record {
+	rec, _ := r.ReadStatus()
 	return rec
 }
 
 // MustStatus is Status that fails the test when there is no valid record.
 func (r Run) MustStatus(t testing.TB) *statusfile.Record {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(r.Dir(), "status.json"))
+	rec, err := r.ReadStatus()
 	if err != nil {
 		t.Fatalf("run %s: %v", r.ID, err)
-	}
-	rec, err := statusfile.Parse(b)
-	if err != nil {
-		t.Fatalf("run %s: %v\n%s", r.ID, err, b)
 	}
 	return rec
 }
