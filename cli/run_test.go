@@ -42,50 +42,6 @@ func indexOf(events []string, name string) int {
 	return -1
 }
 
-// TERM to the wrapper of a job with a background grandchild: everything in
-// the group dies, the run is cancelled with cause signal:TERM and exit 143,
-// and the intent is on the journal before the first signal.
-func TestRunTermWrapperStopsGroup(t *testing.T) {
-	root := runtest.NewRoot(t)
-	gcFile := filepath.Join(t.TempDir(), "grandchild")
-	c, r := startRun(t, root, "term1", "--grace", "5s", "term1", "--",
-		"sh", "-c", "sleep 300 & echo $! > "+gcFile+"; sleep 300")
-	rec := r.WaitState(t, statusfile.Running)
-	var gc int
-	runtest.Eventually(t, "grandchild pid file", func() bool {
-		gc = readPID(gcFile)
-		return gc > 0
-	})
-	if !proc.Alive(gc, 0) || !proc.Alive(rec.PID, 0) {
-		t.Fatalf("job %d or grandchild %d not running before the stop", rec.PID, gc)
-	}
-	if err := unix.Kill(rec.WrapperPID, unix.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := c.Wait(t); code != 143 {
-		t.Fatalf("exit %d, want 143\n%s", code, c.Stderr.String())
-	}
-	r.AssertGroupEmpty(t)
-	if proc.Alive(gc, 0) {
-		t.Fatalf("grandchild %d survived", gc)
-	}
-	rec = r.MustStatus(t)
-	if rec.State != statusfile.Cancelled || rec.Cause != statusfile.CauseTERM || rec.Code() != 143 {
-		t.Fatalf("record: state %s cause %s code %d", rec.State, rec.Cause, rec.Code())
-	}
-	if len(rec.Survivors) != 0 {
-		t.Fatalf("survivors %v", rec.Survivors)
-	}
-	ev := r.Events(t)
-	intent, sig := indexOf(ev, "cancel_requested"), indexOf(ev, "signal_sent")
-	if intent < 0 || sig < 0 || intent > sig {
-		t.Fatalf("intent must precede the first signal: %v", ev)
-	}
-	if ev[len(ev)-1] != "final" {
-		t.Fatalf("last event %q, want final: %v", ev[len(ev)-1], ev)
-	}
-}
-
 // readPID reads a PID a job wrote to a file (0 until it is complete).
 func readPID(path string) int {
 	b, err := os.ReadFile(path)
