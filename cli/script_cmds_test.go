@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
@@ -41,7 +42,8 @@ import (
 //	waitgroup NAME [CODE]
 //	    wait for NAME's leader to exit; its stdout and stderr become this
 //	    command's, for stdout and stderr to match. With CODE, fail unless
-//	    it exited with exactly CODE.
+//	    it exited with exactly CODE (128+N if signal N killed it, as a
+//	    shell says).
 //	rungroup NAME RUN_ID
 //	    wait until run RUN_ID (under $AGENT_WRAP_ROOT) is running with its
 //	    process group recorded, and name that group NAME: for killgroup,
@@ -255,6 +257,9 @@ func cmdWaitGroup(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Stdout().Write(sg.stdout.Bytes())
 	ts.Stderr().Write(sg.stderr.Bytes())
 	got := sg.g.Cmd.ProcessState.ExitCode()
+	if ws, ok := sg.g.Cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		got = 128 + int(ws.Signal())
+	}
 	if len(args) == 2 {
 		want, err := strconv.Atoi(args[1])
 		if err != nil {
