@@ -77,7 +77,7 @@ func scriptParams() testscript.Params {
 			env.Setenv("AGENT_WRAP_ROOT", root)
 			st := &scriptState{env: env, t: env.T(), groups: map[string]*scriptGroup{}}
 			env.Values[scriptStateKey{}] = st
-			env.Defer(func() { killRuns(root) })
+			env.Defer(func() { runtest.KillRuns(root) })
 			return nil
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
@@ -410,16 +410,5 @@ func cmdLeasePassed(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	if !runtest.Within(runtest.Patience, func() bool { return time.Now().After(time.Unix(dl, 0)) }) {
 		ts.Fatalf("leasepassed: run %s's deadline %v has not passed within %v", r.ID, time.Unix(dl, 0), runtest.Patience)
-	}
-}
-
-// killRuns kills whatever the runs under root left, by their recorded
-// groups and PIDs: a script's cleanup, whether it passed or not.
-func killRuns(root string) {
-	ents, _ := os.ReadDir(root)
-	for _, e := range ents {
-		if e.IsDir() {
-			runtest.Run{Root: root, ID: e.Name()}.Kill()
-		}
 	}
 }

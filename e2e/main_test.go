@@ -39,7 +39,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -356,37 +355,9 @@ func (h *harness) reconcileJSON(id string) (int, map[string]any) {
 }
 
 // killRuns kills, by recorded and verified PIDs, whatever the test's runs
-// left alive: each wrapper (PID and start time from status.json) and each
-// member of each recorded process group (same PGID and SID, started no
-// earlier than the leader). It reports nothing: the tests judge; this only
-// keeps a failing test from leaking processes.
-func (h *harness) killRuns() {
-	ents, err := os.ReadDir(h.root)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		r, err := h.status(e.Name())
-		if err != nil {
-			r = record{}
-		}
-		if r.PGID == 0 {
-			r.PGID = readInt(filepath.Join(h.root, e.Name(), "pgid"))
-		}
-		if r.WrapperPID > 0 && r.WrapperStart > 0 {
-			if st, ok := readStat(r.WrapperPID); ok && st.start == r.WrapperStart {
-				_ = syscall.Kill(r.WrapperPID, syscall.SIGKILL)
-			}
-		}
-		if r.PGID > 0 {
-			for _, p := range groupMembers(r.PGID) {
-				if (r.SID == 0 || p.sid == r.SID) && p.start >= r.LeaderStart {
-					_ = syscall.Kill(p.pid, syscall.SIGKILL)
-				}
-			}
-		}
-	}
-}
+// left alive (runtest.KillRuns). It reports nothing: the tests judge; this
+// only keeps a failing test from leaking processes.
+func (h *harness) killRuns() { runtest.KillRuns(h.root) }
 
 func readInt(path string) int {
 	b, err := os.ReadFile(path)

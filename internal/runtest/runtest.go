@@ -311,6 +311,18 @@ func (r Run) Kill() {
 	}
 }
 
+// KillRuns is Kill for every run under root: test cleanup that leaves
+// nothing of a test's runs, whether it passed or not. It reports nothing;
+// the tests judge.
+func KillRuns(root string) {
+	ents, _ := os.ReadDir(root)
+	for _, e := range ents {
+		if e.IsDir() {
+			Run{Root: root, ID: e.Name()}.Kill()
+		}
+	}
+}
+
 // Cmd is an agent-wrap process started by a test, the leader of a process
 // group of its own.
 type Cmd struct {
