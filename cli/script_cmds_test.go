@@ -35,8 +35,10 @@ import (
 //	    run PROG like exec; fail unless it exits with exactly CODE.
 //	startgroup NAME [VAR=VALUE...] PROG [ARG...]
 //	    start PROG in the background as the leader of a process group of
-//	    its own, named NAME; its environment is the script's (plus each
-//	    VAR=VALUE), its output kept for waitgroup. When the script ends the
+//	    its own, named NAME, its output kept for waitgroup. Its environment
+//	    is the one the script started with, as the script has changed it
+//	    since, plus each VAR=VALUE (a variable the script added with env
+//	    is passed only that way). When the script ends the
 //	    group is KILLed, and the script fails, naming them, if any member
 //	    outlives that.
 //	waitgroup NAME [CODE]

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -116,7 +117,13 @@ func (g *Group) Stop() error {
 		_ = g.Cmd.Process.Kill()
 	}
 	<-g.done
-	if Within(Patience, func() bool { return len(g.Members()) == 0 }) {
+	return g.gone(Patience)
+}
+
+// gone waits up to d for the group to be empty (Stop has KILLed it) and
+// returns an error naming every member that still runs then.
+func (g *Group) gone(d time.Duration) error {
+	if Within(d, func() bool { return len(g.Members()) == 0 }) {
 		return nil
 	}
 	var bad []string
@@ -127,5 +134,5 @@ func (g *Group) Stop() error {
 	if len(bad) == 0 {
 		return nil
 	}
-	return fmt.Errorf("process group %d of %v survived SIGKILL for %v:\n  %s", g.Leader.PGID, g.Cmd.Args, Patience, strings.Join(bad, "\n  "))
+	return fmt.Errorf("process group %d of %v: still running %v after its KILL:\n  %s", g.Leader.PGID, g.Cmd.Args, d, strings.Join(bad, "\n  "))
 }

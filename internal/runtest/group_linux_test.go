@@ -1,7 +1,9 @@
 package runtest
 
 import (
+	"fmt"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -54,4 +56,24 @@ func TestGroupSignal(t *testing.T) {
 	g.Signal(unix.SIGTERM)
 	Eventually(t, "the group to be empty", func() bool { return len(g.Members()) == 0 })
 	Eventually(t, "the leader to be reaped", g.Exited)
+}
+
+// What Stop says when a member survives: each one named, with its command
+// line. (Nothing outlives SIGKILL to be caught in the act, so the check is
+// asked of a group not yet stopped.)
+func TestGroupSurvivorsNamed(t *testing.T) {
+	g := StartInGroup(t, exec.Command("sh", "-c", "sleep 301 & wait"))
+	Eventually(t, "two members", func() bool { return len(g.Members()) == 2 })
+	err := g.gone(0)
+	if err == nil {
+		t.Fatal("a live group is gone")
+	}
+	for _, want := range []string{"sleep 301", fmt.Sprintf("pid %d (sh -c sleep 301 & wait)", g.Leader.PID)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not name %q", err, want)
+		}
+	}
+	if err := g.Stop(); err != nil {
+		t.Fatal(err)
+	}
 }
