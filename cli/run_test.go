@@ -114,64 +114,6 @@ func TestRunStopOneLeavesOther(t *testing.T) {
 	b.AssertGroupEmpty(t)
 }
 
-// A leader that exits leaving a background child: the run returns the
-// leader's code, the straggler is stopped by TERM within the grace (the
-// journal shows a TERM, the stop, and no KILL), and the group is empty.
-func TestRunLeaderExitStopsStragglers(t *testing.T) {
-	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "bg", "--grace", "5s", "bg", "--", "sh", "-c", "sleep 300 & exit 0")
-	if code := c.Wait(t); code != 0 {
-		t.Fatalf("exit %d\n%s", code, c.Stderr.String())
-	}
-	r.AssertGroupEmpty(t)
-	rec := r.MustStatus(t)
-	if rec.State != statusfile.Finished || rec.Code() != 0 {
-		t.Fatalf("state %s code %d", rec.State, rec.Code())
-	}
-	var term, kill, stopped bool
-	for _, e := range r.Journal(t) {
-		switch {
-		case e.Event == "signal_sent" && e.Fields["signal"] == "TERM":
-			term = true
-		case e.Event == "signal_sent" && e.Fields["signal"] == "KILL":
-			kill = true
-		case e.Event == "stragglers_stopped":
-			stopped = true
-		}
-	}
-	if !term || kill || !stopped {
-		t.Fatalf("journal: TERM sent %v, KILL sent %v, stragglers_stopped %v; want a TERM, no KILL (the straggler ends within the grace), and the stop: %v",
-			term, kill, stopped, r.Events(t))
-	}
-}
-
-// A job that ignores TERM is KILLed after the grace; survivors is empty.
-func TestRunKillAfterGrace(t *testing.T) {
-	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "stubborn", "--grace", "1s", "stubborn", "--",
-		"sh", "-c", "trap '' TERM; sleep 300 & while :; do sleep 1; done")
-	rec := r.WaitState(t, statusfile.Running)
-	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) >= 2 })
-	unix.Kill(rec.WrapperPID, unix.SIGTERM)
-	if code := c.Wait(t); code != 143 {
-		t.Fatalf("exit %d\n%s", code, c.Stderr.String())
-	}
-	r.AssertGroupEmpty(t)
-	rec = r.MustStatus(t)
-	if rec.State != statusfile.Cancelled || len(rec.Survivors) != 0 {
-		t.Fatalf("state %s survivors %v", rec.State, rec.Survivors)
-	}
-	var kills int
-	for _, e := range r.Journal(t) {
-		if e.Event == "signal_sent" && e.Fields["signal"] == "KILL" {
-			kills++
-		}
-	}
-	if kills == 0 {
-		t.Fatalf("no KILL journaled: %v", r.Events(t))
-	}
-}
-
 // 50 MB of output: stdout.log holds exactly what the job wrote, and so does
 // the streamed copy.
 func TestRunLargeOutputByteIdentical(t *testing.T) {

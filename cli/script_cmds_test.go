@@ -47,8 +47,8 @@ import (
 //	    it exited with exactly CODE (128+N if signal N killed it, as a
 //	    shell says).
 //	rungroup NAME RUN_ID
-//	    wait until run RUN_ID (under $AGENT_WRAP_ROOT) is running with its
-//	    process group recorded, and name that group NAME: for killgroup,
+//	    wait until run RUN_ID's record (under $AGENT_WRAP_ROOT) names its
+//	    process group, and name that group NAME: for killgroup,
 //	    members and groupgone, which then also count the run's recorded
 //	    escaped descendants.
 //	killgroup [-SIG] NAME
