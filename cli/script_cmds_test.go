@@ -23,7 +23,8 @@ import (
 )
 
 // scriptParams is the shared testscript setup: every script gets a private
-// run root in $AGENT_WRAP_ROOT and the custom commands below. When a
+// run root in $AGENT_WRAP_ROOT and the custom commands below (CONTRIBUTING.md
+// says the same for a reader of the scripts). When a
 // script ends, whatever its runs left is killed by recorded group and
 // PIDs (never by name), and so is every group it started.
 //

@@ -41,7 +41,7 @@ func TestGroupStopLeavesNothing(t *testing.T) {
 				t.Fatalf("after Stop the leader is reaped with an error (killed): exited %v, err %v", g.Exited(), g.Err())
 			}
 			for _, p := range members {
-				if AliveAs(p.PID, p.Start) {
+				if proc.Alive(p.PID, p.Start) {
 					t.Fatalf("pid %d survived Stop", p.PID)
 				}
 			}
