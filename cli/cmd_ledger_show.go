@@ -177,3 +177,12 @@ func writeLedgerRecord(w io.Writer, r *ledger.Record, now time.Time) {
 }
 
 func ts(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// secondsText is a record's seconds field as a duration (2m30s); status
+// and ledger show print them so.
+func secondsText(s float64) string {
+	if s == 0 {
+		return "0s"
+	}
+	return (time.Duration(s * float64(time.Second))).String()
+}

@@ -145,11 +145,3 @@ func pidList(ms []reconcile.Member) string {
 	return strings.Join(parts, ", ")
 }
 
-// secondsText is a record's seconds field as a duration (2m30s); status
-// and ledger show print them so.
-func secondsText(s float64) string {
-	if s == 0 {
-		return "0s"
-	}
-	return (time.Duration(s * float64(time.Second))).String()
-}
