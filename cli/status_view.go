@@ -144,4 +144,3 @@ func pidList(ms []reconcile.Member) string {
 	}
 	return strings.Join(parts, ", ")
 }
-
