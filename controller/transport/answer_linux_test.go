@@ -13,20 +13,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// startRuns starts, with the real binary under root, a detached live run
-// (lease 120s) and a run that finished with code 3, and registers cleanup
-// that kills what is left of the live one by its recorded group.
-func startRuns(t *testing.T, root, live, done string) {
-	t.Helper()
-	t.Cleanup(runtest.Run{Root: root, ID: live}.Kill)
-	if code, out, errs := runtest.Exec(t, root, "run", "--detach", "--lease", "120s", live, "--", "sleep", "300"); code != 0 {
-		t.Fatalf("run --detach %s: exit %d\n%s%s", live, code, out, errs)
-	}
-	if code, out, errs := runtest.Exec(t, root, "run", done, "--", "sh", "-c", "exit 3"); code != 3 {
-		t.Fatalf("run %s: exit %d, want 3\n%s%s", done, code, out, errs)
-	}
-}
-
 // The host's real `renew --json` output decodes into answer.Renew, one
 // line per run: a live run renewed (state running, a deadline ahead), a
 // finished run refused (state finished), an unknown ID without a run. The
@@ -36,7 +22,7 @@ func startRuns(t *testing.T, root, live, done string) {
 // bytes are the fields it always had; a run alone renews the same way.
 func TestRenewAnswerRoundTrip(t *testing.T) {
 	root := runtest.NewRoot(t)
-	startRuns(t, root, "live1", "done1")
+	runtest.LiveAndFinished(t, root, "live1", "done1")
 
 	before := time.Now().Unix()
 	code, out, errs := runtest.Exec(t, root, "renew", "--json", "--lease", "90s", "live1", "done1", "nosuch")

@@ -430,3 +430,18 @@ func JSON(t testing.TB, s string) map[string]any {
 	}
 	return m
 }
+
+// LiveAndFinished starts, with the real binary under root, a detached live
+// run (lease 120s, a sleep) and a run that finished with code 3, and
+// registers cleanup that kills what is left of the live one by its recorded
+// group: the two answers a host gives, still running and over.
+func LiveAndFinished(t testing.TB, root, live, done string) {
+	t.Helper()
+	t.Cleanup(Run{Root: root, ID: live}.Kill)
+	if code, out, errs := Exec(t, root, "run", "--detach", "--lease", "120s", live, "--", "sleep", "300"); code != 0 {
+		t.Fatalf("run --detach %s: exit %d\n%s%s", live, code, out, errs)
+	}
+	if code, out, errs := Exec(t, root, "run", done, "--", "sh", "-c", "exit 3"); code != 3 {
+		t.Fatalf("run %s: exit %d, want 3\n%s%s", done, code, out, errs)
+	}
+}
