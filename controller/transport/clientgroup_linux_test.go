@@ -225,12 +225,23 @@ func TestClientGroupNotSignalledAfterReap(t *testing.T) {
 	if !proc.Alive(members[0].PID, members[0].Start) {
 		t.Fatalf("member %d of group %d died at the cancel", members[0].PID, leader.PID)
 	}
-	// O_NONBLOCK: ENXIO, not a hang, if the member is no longer there to read.
-	w, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatalf("the member does not read its FIFO any more: %v", err)
-	}
-	_, err = w.WriteString("go\n")
+	// O_NONBLOCK: ENXIO, not a hang, while no reader has the FIFO open.
+	// The member may not have reached its open yet (the subshell is
+	// forked before the client exits, its open comes when it is
+	// scheduled), so ENXIO is retried while the member lives.
+	var w *os.File
+	runtest.Eventually(t, "the member to open its FIFO", func() bool {
+		var err error
+		w, err = os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0)
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, unix.ENXIO) || !proc.Alive(members[0].PID, members[0].Start) {
+			t.Fatalf("the member does not read its FIFO: %v (alive: %v)", err, proc.Alive(members[0].PID, members[0].Start))
+		}
+		return false
+	})
+	_, err := w.WriteString("go\n")
 	w.Close()
 	if err != nil {
 		t.Fatal(err)
