@@ -4,7 +4,9 @@ package cli_test
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -176,11 +178,20 @@ func TestNoZombiesUnderWrapper(t *testing.T) {
 	// Five orphans that exit after a moment, reparented to the wrapper; on
 	// USR1, five more that live 5 s (long enough to be seen alive under the
 	// wrapper on a loaded machine).
+	// The job says when its trap is set (a USR1 before that would kill
+	// it: the record says running from the wrapper's start, before sh has
+	// read a line).
+	ready := filepath.Join(t.TempDir(), "ready")
 	job := `trap 'for i in 1 2 3 4 5; do (sleep 5 &); done' USR1
 for i in 1 2 3 4 5; do (sleep 0.2 &); done
+: > "$1"
 while :; do sleep 0.1; done`
-	c, r := startRun(t, root, "zombies", "zombies", "--", "sh", "-c", job)
+	c, r := startRun(t, root, "zombies", "zombies", "--", "sh", "-c", job, "sh", ready)
 	rec := r.WaitState(t, statusfile.Running)
+	runtest.Eventually(t, "the job to set its trap", func() bool {
+		_, err := os.Stat(ready)
+		return err == nil
+	})
 	children := func() (live, zombies []int) {
 		all, _ := proc.Scan()
 		for _, p := range all {

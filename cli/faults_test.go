@@ -379,9 +379,7 @@ func TestTornRecordAndJournalStillStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Kill(rec.WrapperPID, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	r.StopOutsideLock(t, rec.WrapperPID)
 	t.Cleanup(func() { unix.Kill(rec.WrapperPID, unix.SIGCONT); c.Wait(t) })
 	dl := endLease(t, root, r)
 	if err := os.WriteFile(filepath.Join(r.Dir(), "status.json"), []byte("{\"sch"), 0o600); err != nil {
@@ -429,9 +427,7 @@ func TestHandWrittenDeadlineRevivesNothing(t *testing.T) {
 	// The wrapper is stopped while the lease is ended and the later
 	// deadline written, so what it finds when it goes on is both, whatever
 	// the machine's load.
-	if err := unix.Kill(rec.WrapperPID, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	r.StopOutsideLock(t, rec.WrapperPID)
 	t.Cleanup(func() { unix.Kill(rec.WrapperPID, unix.SIGCONT) })
 	dl := endLease(t, root, r)
 	later := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10) + "\n"

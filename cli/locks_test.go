@@ -565,7 +565,7 @@ func TestWatchdogTakesOverAStoppedWrapper(t *testing.T) {
 		c, r := startRun(t, root, "frozen", "--lease", "5m", "--grace", grace.String(), "frozen", "--", "sh", "-c", "sleep 300 & wait")
 		rec := r.WaitState(t, statusfile.Running)
 		runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-		unix.Kill(rec.WrapperPID, unix.SIGSTOP)
+		r.StopOutsideLock(t, rec.WrapperPID)
 		if code, out, errOut := aw(t, root, "cancel", "--wait", "1s", "frozen"); code != 1 {
 			t.Fatalf("cancel of a run with a stopped wrapper: exit %d, want 1 (not confirmed)\n%s%s", code, out, errOut)
 		}
