@@ -154,11 +154,18 @@ func judge(f facts) judgment {
 		return leave(true, fmt.Sprintf("launch exited %d and the host gave no verdict (%s)", f.code, res.Why()))
 	case v == nil:
 		return leave(false, fmt.Sprintf("reconcile on %s exited %d without a verdict", f.dest, res.Code))
-	case f.at == atLaunch:
+	case f.at == atLaunch && f.code == exitcode.TempFail:
 		// The ID is there but not ours to have started: a live or unknown
 		// run (the launch's 75). It was not started by this call.
 		return judgment{next: doSettle, outcome: ledger.NotStarted, code: -1,
 			reason: fmt.Sprintf("run ID already in use on %s (%s)", f.dest, v.Outcome), exit: f.code, notStarted: true}
+	case f.at == atLaunch:
+		// The launch ended some other way (its wrapper killed while
+		// starting, say) and the host has a run of the ID that is live or
+		// cannot be judged yet: this launch claimed it, so it is not
+		// not_started. Left for settle, which asks again once the host
+		// (its watchdog) has ended it.
+		return leave(true, fmt.Sprintf("launch exited %d and the host's run of this ID is %s: %s", f.code, v.Outcome, v.Reason))
 	case v.Outcome == reconcile.Running:
 		// The attach ended early (75 from wait's timeout, a 64 from an
 		// agent-wrap without attach): the run goes on.
