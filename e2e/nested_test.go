@@ -415,6 +415,9 @@ func TestNestedRefusedWhileOuterEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.waitState("outer5", "cancelling", func(r record) bool { return r.State == "cancelling" })
+	// The gate opens once the TERM has been sent: an inner controller
+	// started before it would take the TERM as its own cancel (143).
+	runtest.Eventually(t, "the outer run's TERM", func() bool { return firstEvent(a.journal("outer5"), "signal_sent") >= 0 })
 	os.WriteFile(gate, nil, 0o600)
 	runtest.Eventually(t, "the inner controller's exit", func() bool { return strings.Contains(k.stdout(), "inner exit ") })
 	if !strings.Contains(k.stdout(), "inner exit 75\n") {
