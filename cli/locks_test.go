@@ -215,7 +215,19 @@ func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
 	wd := runtest.Start(t, root, "watchdog", "--interval", interval.String())
 
 	dlB := endLease(t, root, b)
-	s := stoppedHolding(t, root, a, stopAt("write", true, a.Dir()+"/events.jsonl"), "renew", "--lease", "1s", "a-held")
+	// Under strace the renew is also seen stopped ('t') at the write's
+	// entry, before the line is written: it counts as stopped once the
+	// line is there (strace's SIGSTOP lands as the write returns).
+	s := underStrace(t, root, stopAt("write", true, a.Dir()+"/events.jsonl"), "renew", "--lease", "1s", "a-held")
+	s.waitStopped(t, a, func() bool {
+		f, err := os.Open(filepath.Join(a.Dir(), "events.jsonl"))
+		if err != nil {
+			return false
+		}
+		defer f.Close()
+		es, err := journal.ReadAll(f)
+		return err == nil && len(es) > 0 && es[len(es)-1].Event == "lease_renewed"
+	})
 	dlA := time.Unix(journaledDeadline(t, a), 0)
 	if time.Until(dlA) > 3*time.Second {
 		t.Fatalf("a-held's deadline is %v away: the stopped renew had not journaled its renewal", time.Until(dlA))

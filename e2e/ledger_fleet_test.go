@@ -126,7 +126,7 @@ func TestSSHPostgresFleetSettleOnce(t *testing.T) {
 		ks = append(ks, startCtlEnv(t, runnerA, c.sshArgs(c.srv.Destination(), id(i), flags, gateJob(gate, 10+i)...)))
 	}
 	for i, k := range ks {
-		runtest.Eventually(t, id(i)+" started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+		k.waitOut(t, id(i)+" started", "started\n")
 		c.waitRunning(id(i))
 	}
 	if code, out := runBinEnv(runnerB, "settle", "--all", "--dead", "--ledger", url); code != 0 || out != "" {
@@ -306,7 +306,7 @@ func TestFrozenOwnerOnThisMachineIsGone(t *testing.T) {
 		gate := filepath.Join(t.TempDir(), "go")
 		id := "frozen-" + filepath.Base(t.Name())
 		k := c.start(id, []string{"--lease", "120s", "--grace", "1s", "--give-up", "8s"}, gateJob(gate, 9)...)
-		runtest.Eventually(t, id+" started", func() bool { return strings.Contains(k.stdout(), "started\n") })
+		k.waitOut(t, id+" started", "started\n")
 		c.waitRunning(id)
 		if code, out := c.settle("--all", "--dead"); code != 0 || out != "" {
 			t.Fatalf("settle --all --dead while the owner drives its run: exit %d, want 0 and nothing done:\n%s", code, out)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -116,6 +117,24 @@ func (k *ctl) startIn(t *testing.T) {
 	t.Helper()
 	k.cmd.Stdout, k.cmd.Stderr = &k.out, &k.errb
 	k.group = runtest.StartInGroup(t, k.cmd)
+}
+
+// waitOut waits for the controller's stdout to hold s; if it does not
+// within runtest.Patience, the test fails with what the controller said
+// and whether it is still running.
+func (k *ctl) waitOut(t *testing.T, what, s string) {
+	t.Helper()
+	if runtest.Within(runtest.Patience, func() bool { return strings.Contains(k.stdout(), s) }) {
+		return
+	}
+	state := "still running"
+	select {
+	case <-k.group.Done():
+		state = fmt.Sprintf("exited %d", exitCode(k.group.Err()))
+	default:
+	}
+	t.Fatalf("gave up after %v waiting for %s; the controller (pid %d) is %s\nstdout: %s\nstderr: %s",
+		runtest.Patience, what, k.cmd.Process.Pid, state, tail(k.stdout()), k.stderr())
 }
 
 func (k *ctl) stdout() string { return k.out.String() }
