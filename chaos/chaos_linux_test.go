@@ -110,6 +110,8 @@ var regressionSeeds = []struct {
 	{403, "a full disk at the claim: run exits 0, the job runs with no record, the ID is used up (1 of 2 replays)"},
 	{513, "status.json garbled, then the wrapper SIGKILLed (a controller run's): the watchdog skips the run for good, " +
 		"though pid, pgid and the leader's start are intact; the job outlives its lease (2 of 2 replays)"},
+	{586988, "without a cgroup, the wrapper stopped (SIGSTOP) as the job left its session: the escape was never recorded, " +
+		"the watchdog's stop saw the session only, and the escape outlived its lease (2 of 2 replays)"},
 }
 
 // TestRegressionSeeds replays the seeds that found holes, side by side, with

@@ -713,3 +713,72 @@ func TestWatchdogServiceLooksOnDuringALongStop(t *testing.T) {
 		return acts["a-long"].Action == "stopped" && acts["b-short"].Action == "stopped"
 	})
 }
+
+// Without a cgroup, a job that leaves its session while its wrapper is
+// stopped (SIGSTOP) has no recorded escape: the stop from outside still
+// finds it, a child of a member by its parent, an orphan by the stopped
+// wrapper that holds it as subreaper, and stops both with the session.
+func TestStoppedWrapperUnrecordedEscapesStopped(t *testing.T) {
+	t.Parallel() // waits on a grace, not the CPU
+	root := runtest.NewRoot(t)
+	dir := t.TempDir()
+	a, b, gate := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "go")
+	job := `while [ ! -e "$3" ]; do sleep 0.05; done
+setsid sh -c 'echo $$ > "$1"; exec sleep 301' sh "$1" &
+sh -c 'setsid sh -c "echo \$\$ > \"\$1\"; exec sleep 302" sh "$1" &' sh "$2"
+wait`
+	c, r := startRun(t, root, "unrec", "--cgroup", "off", "--lease", "5m", "--grace", "1s", "unrec", "--", "sh", "-c", job, "sh", a, b, gate)
+	rec := r.WaitState(t, statusfile.Running)
+	r.StopOutsideLock(t, rec.WrapperPID)
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	escapee := func(file string) proc.Stat {
+		var st proc.Stat
+		runtest.Eventually(t, "the escape in "+file, func() bool {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return false
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				return false
+			}
+			s, err := proc.ReadStat(pid)
+			if err != nil || s.SID != pid {
+				return false
+			}
+			st = s
+			return true
+		})
+		return st
+	}
+	ea, eb := escapee(a), escapee(b)
+	t.Cleanup(func() {
+		for _, e := range []proc.Stat{ea, eb} {
+			if proc.Alive(e.PID, e.Start) {
+				unix.Kill(e.PID, unix.SIGKILL)
+			}
+		}
+	})
+	runtest.Eventually(t, "the orphan to reach the stopped wrapper", func() bool {
+		s, err := proc.ReadStat(eb.PID)
+		return err == nil && s.PPID == rec.WrapperPID
+	})
+	if got := r.MustStatus(t); len(got.Escaped) != 0 {
+		t.Fatalf("the stopped wrapper recorded escapes %v: the test needs them unrecorded", got.Escaped)
+	}
+	if code, out, errOut := aw(t, root, "cancel", "--wait", "1s", "unrec"); code != 1 {
+		t.Fatalf("cancel of a run with a stopped wrapper: exit %d, want 1 (not confirmed)\n%s%s", code, out, errOut)
+	}
+	runtest.Start(t, root, "watchdog", "--interval", "1s")
+	r.WaitState(t, statusfile.Cancelled)
+	for _, e := range []proc.Stat{ea, eb} {
+		if !runtest.Within(10*time.Second, func() bool { return !proc.Alive(e.PID, e.Start) }) {
+			t.Errorf("pid %d (sid %d, parent %d) outlived the cancel of its run", e.PID, e.SID, e.PPID)
+		}
+	}
+	r.AssertGroupEmpty(t)
+	unix.Kill(rec.WrapperPID, unix.SIGCONT)
+	c.Wait(t)
+}

@@ -18,6 +18,11 @@
 //     either (it is reported as rejected);
 //   - a recorded escape (status.json `escaped`) is the run's while the
 //     process at its PID has the recorded start time;
+//   - without a cgroup, a process forked below a member is the run's (a
+//     PPID always names the live parent), and so is one below the run's
+//     wrapper while it lives with its recorded start time: as subreaper it
+//     holds every orphan of the job. A stop from outside so finds an escape
+//     the wrapper did not record because it was stopped or slow;
 //   - only for the run's own wrapper (Run.Supervisor): the leader is its
 //     unreaped child, so the group number cannot be recycled and a group
 //     member counts wherever it is, and every descendant of the wrapper, its

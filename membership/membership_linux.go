@@ -229,16 +229,59 @@ func (r Run) Judge(all []proc.Stat) (members []Member, rejected []string) {
 	for _, e := range r.Record.Escaped {
 		f.escaped[e.PID] = e.Start
 	}
+	judged := map[int]bool{}
 	for _, p := range all {
 		m, ok, why := r.judge(p, f)
 		if ok {
 			members = append(members, m)
+			judged[p.PID] = true
 		} else if why != "" {
 			rejected = append(rejected, why)
 		}
 	}
+	if r.Supervisor == 0 && !f.haveCgroup {
+		members = append(members, r.offspring(all, members, judged)...)
+	}
 	sort.Slice(members, func(i, j int) bool { return members[i].PID < members[j].PID })
 	return members, rejected
+}
+
+// offspring returns, for a caller outside the wrapper of a run without a
+// cgroup, the live processes forked below the run that no rule above
+// found: a child of a member (a PPID is always a live parent, so the child
+// is the member's own), and a child of the run's wrapper while that wrapper
+// is alive with its recorded start time (as subreaper it holds the job's
+// leader and every orphan of the job, and forks nothing else). So a job
+// that left its session unrecorded, because its wrapper was stopped or
+// slow, is still found while its parent, or the stopped wrapper, lives.
+// One that a dead parent left to init is not: that is what a cgroup is for.
+func (r Run) offspring(all []proc.Stat, members []Member, judged map[int]bool) []Member {
+	children := map[int][]proc.Stat{}
+	for _, p := range all {
+		children[p.PPID] = append(children[p.PPID], p)
+	}
+	var queue []int
+	for _, m := range members {
+		queue = append(queue, m.PID)
+	}
+	if WrapperAlive(r.Record) {
+		queue = append(queue, r.Record.WrapperPID)
+		judged[r.Record.WrapperPID] = true
+	}
+	var found []Member
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			if judged[c.PID] || c.Dead() {
+				continue
+			}
+			judged[c.PID] = true
+			queue = append(queue, c.PID)
+			found = append(found, Member{Stat: c, Escaped: true, Identity: proc.Identity{PID: c.PID, Start: c.Start}})
+		}
+	}
+	return found
 }
 
 // Members reads the whole process table and returns Judge's answer.
@@ -356,7 +399,30 @@ func (r Run) Contains(pid int, start uint64) (Member, error) {
 	if why != "" {
 		return no("%s", why)
 	}
+	if r.Supervisor == 0 && !f.haveCgroup && r.forkedBelow(p, f) {
+		return Member{Stat: p, Escaped: true, Identity: proc.Identity{PID: p.PID, Start: p.Start}}, nil
+	}
 	return no("not in the run's cgroup, process group or recorded escapes")
+}
+
+// forkedBelow is offspring's rule for one process: an ancestor of p is a
+// member, or the run's live wrapper. It walks up at most 4096 parents.
+func (r Run) forkedBelow(p proc.Stat, f *facts) bool {
+	wrapperAlive := WrapperAlive(r.Record)
+	for i := 0; i < 4096 && p.PPID > 1; i++ {
+		if wrapperAlive && p.PPID == r.Record.WrapperPID {
+			return true
+		}
+		up, err := proc.ReadStat(p.PPID)
+		if err != nil {
+			return false
+		}
+		if _, ok, _ := r.judge(up, f); ok {
+			return true
+		}
+		p = up
+	}
+	return false
 }
 
 // descends reports whether pid is a descendant of r.Supervisor, walking up

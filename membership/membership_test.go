@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -194,6 +195,41 @@ func TestSupervisorDescendants(t *testing.T) {
 	wantStranger(t, inside, self.PID, self.Start, "not in the run's")
 
 	outside := membership.Run{Record: rec}
+	wantStranger(t, outside, grandchild.PID, grandchild.Start, "not in the run's")
+}
+
+// From outside, without a cgroup: a process a member forked that left the
+// session unrecorded is the run's by its parent, and so is every
+// descendant of the run's wrapper while that wrapper lives with its
+// recorded start time; a wrapper PID with another start time vouches for
+// nothing.
+func TestOutsideOffspring(t *testing.T) {
+	leader := start(t, true, "sh", "-c", "setsid sleep 600 & wait")
+	esc := childOf(t, leader.PID)
+	runtest.Eventually(t, "the child to leave the session", func() bool {
+		s, err := proc.ReadStat(esc.PID)
+		esc = s
+		return err == nil && s.SID == s.PID
+	})
+	rec := record(t, leader)
+	outside := membership.Run{Record: rec}
+	wantMember(t, outside, esc, true)
+	if ms, _ := outside.Judge(mustScan(t)); !slices.Contains(pids(ms), esc.PID) {
+		t.Fatalf("Judge from outside = %v, want the unrecorded escape %d", pids(ms), esc.PID)
+	}
+
+	// The test stands in for the wrapper: an orphan it holds is the
+	// run's while it is the recorded wrapper.
+	orphan := start(t, true, "sh", "-c", "sleep 600 & wait")
+	grandchild := childOf(t, orphan.PID)
+	self, _ := proc.ReadStat(os.Getpid())
+	rec.WrapperPID, rec.WrapperStart = self.PID, self.Start
+	wantMember(t, outside, orphan, true)
+	wantMember(t, outside, grandchild, true)
+	if ms, _ := outside.Judge(mustScan(t)); !slices.Contains(pids(ms), grandchild.PID) || slices.Contains(pids(ms), self.PID) {
+		t.Fatalf("Judge from outside = %v, want %d below the wrapper %d and not the wrapper", pids(ms), grandchild.PID, self.PID)
+	}
+	rec.WrapperStart = self.Start + 1
 	wantStranger(t, outside, grandchild.PID, grandchild.Start, "not in the run's")
 }
 
