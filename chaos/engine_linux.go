@@ -165,6 +165,9 @@ type player struct {
 	wg        sync.WaitGroup
 	seenProcs map[int]tagged // the /proc scan's cache
 	ssh       *sshSide       // nil: no controller runs
+	// endedEarly: the schedule was cut short (a check failed, the
+	// campaign's time ran out) before every run's bound had passed.
+	endedEarly bool
 }
 
 type tagged struct {
@@ -398,6 +401,7 @@ func (p *player) play(ctx context.Context) {
 	p.wg.Wait()
 	for {
 		if ctx.Err() != nil {
+			p.endedEarly = true
 			break
 		}
 		now := time.Since(p.t0)
@@ -408,10 +412,14 @@ func (p *player) play(ctx context.Context) {
 		failed := len(p.res.Violations) > 0
 		p.mu.Unlock()
 		if now > end && failed {
+			p.endedEarly = true
 			break // the seed has failed: the end checks say what is still alive
 		}
-		if now > end+p.maxBound()+30*time.Second {
+		if now > end+p.maxBound()+30*time.Second && p.boundsPassed() {
 			break // the end check says what is still alive
+		}
+		if now > end+p.maxBound()+120*time.Second {
+			break // a bound that keeps moving (a controller renewing) is capped here
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -449,6 +457,25 @@ func (p *player) maxBound() time.Duration {
 		m = max(m, r.spec.Grace+p.cfg.Interval+3*time.Second+p.cfg.Slack)
 	}
 	return m
+}
+
+// boundsPassed: the lease bound of every launched run is in the past. A
+// controller's renewals move a run's bound later, and a run launched late
+// (its controller stopped before its claim) is bounded from its own
+// deadline, not from the schedule.
+func (p *player) boundsPassed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for _, r := range p.runs {
+		if r.launch.IsZero() {
+			continue
+		}
+		if b, _ := p.boundOf(r); now.Before(b) {
+			return false
+		}
+	}
+	return true
 }
 
 // allQuiet: every run's `run` has exited, its record is terminal or gone,
