@@ -231,9 +231,9 @@ func verdictOn(t *testing.T, h *host, id string) (int, reconcile.Verdict) {
 }
 
 // Without a cgroup, a stop from outside the wrapper (cancel, the
-// watchdog) sees the job's session and the escapes the wrapper recorded,
-// nothing else. A process that left the session after the wrapper died is
-// invisible to it: the final record must not say that nothing survived
+// watchdog) sees the job's session, the escapes the wrapper recorded and
+// what they forked, nothing else. A process that left the session after
+// the wrapper died, and whose parent then exited, is invisible to it: the final record must not say that nothing survived
 // (containment session, survivors null), reconcile says unknown (exit 4)
 // and why, and cancel exits 1 saying cleanup cannot be confirmed. Before,
 // the record said survivors [] and reconcile `cancelled` while the escapee
@@ -251,8 +251,9 @@ func TestOutsideStopWithoutCgroupClaimsNothing(t *testing.T) {
 			os.Chmod(dir, 0o755)
 			goFile := filepath.Join(dir, "go")
 			// The job leaves its session (setsid) only once the test says
-			// so, after its wrapper is dead: no wrapper ever sees it.
-			job := "while [ ! -e " + goFile + " ]; do sleep 0.05; done; setsid sleep 7101 & sleep 7100"
+			// so, after its wrapper is dead: no wrapper ever sees it, and
+			// its parent exits at once, so no parent links it to the run.
+			job := "while [ ! -e " + goFile + " ]; do sleep 0.05; done; sh -c 'setsid sleep 7101 &'; sleep 7100"
 			c, r := h.start(t, "esc", "--lease", "5m", "--grace", "1s", "esc", "--", "sh", "-c", job)
 			rec := r.WaitState(t, statusfile.Running)
 			if err := stop.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGKILL); err != nil {
