@@ -722,12 +722,11 @@ var ErrLocked = errors.New("locked by another process")
 // one-instance-per-root lock. A *HeldError (ErrLocked) means someone else
 // holds it, and names who.
 func (r *Root) TryLock(name string) (unlock func(), err error) {
-	fd, err := unix.Openat(r.fd, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err == unix.EROFS {
-		// A read-only root (remounted so by a failing disk): a lock file
-		// that exists is still a lock, and the watchdog must still run.
-		fd, err = unix.Openat(r.fd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	}
+	// Read-only: a flock needs no write access, and a descriptor open for
+	// writing, held for a watchdog's life, would make the file system
+	// refuse a remount read-only (EBUSY). On a root already read-only a
+	// lock file that exists opens all the same, and the watchdog runs.
+	fd, err := unix.Openat(r.fd, name, unix.O_RDONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: filepath.Join(r.Path, name), Err: err}
 	}
