@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,8 +48,9 @@ func play(t *testing.T, cfg Config, seed uint64, o Options, cov *Coverage) *Resu
 	if err != nil {
 		t.Fatalf("seed %d: the harness could not play: %v", seed, err)
 	}
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), " "+res.Mount+" ") {
-		t.Errorf("seed %d: the harness's tmpfs %s is still mounted:\n%s", seed, res.Mount, mi)
+	view := filepath.Join(filepath.Dir(res.Mount), "view")
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && (strings.Contains(string(mi), " "+res.Mount+" ") || strings.Contains(string(mi), " "+view+" ")) {
+		t.Errorf("seed %d: the harness's tmpfs %s (or its view %s) is still mounted:\n%s", seed, res.Mount, view, mi)
 	}
 	if _, err := os.Stat(res.Mount); err == nil {
 		t.Errorf("seed %d: the harness left %s behind", seed, res.Mount)

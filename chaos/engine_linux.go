@@ -112,7 +112,8 @@ func indent(s string) string {
 type userInfo struct {
 	name     string
 	uid, gid int
-	root     string // its run root
+	root     string // its run root, where its runs' wrappers write
+	view     string // the same root through the view mount: every other command's
 }
 
 // runState is what the harness knows of one run, whatever the records say.
@@ -148,6 +149,7 @@ type player struct {
 	t0    time.Time
 	nonce string
 	mnt   string
+	view  string // the tmpfs bind-mounted again: what `ro` makes read-only
 	base  string
 	bin   string
 	users []*userInfo
@@ -254,7 +256,20 @@ func (p *player) setup() error {
 		p.mnt = ""
 		return fmt.Errorf("mount a tmpfs for the run roots (needs root): %w", err)
 	}
-	rootUser := &userInfo{name: "root", root: filepath.Join(p.mnt, "root")}
+	// The view: the same tmpfs bind-mounted a second time. The runs'
+	// wrappers (and so their jobs' open logs) use the tmpfs itself; every
+	// other command (cancel, renew, watchdog, attach, reconcile) uses the
+	// view, which the `ro` fault remounts read-only: a bind mount can be
+	// made read-only while files are open for writing through the other.
+	p.view = filepath.Join(base, "view")
+	if err := os.Mkdir(p.view, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(p.mnt, p.view, "", unix.MS_BIND, ""); err != nil {
+		p.view = ""
+		return fmt.Errorf("bind-mount the tmpfs for the read-only view: %w", err)
+	}
+	rootUser := &userInfo{name: "root", root: filepath.Join(p.mnt, "root"), view: filepath.Join(p.view, "root")}
 	if err := os.Mkdir(rootUser.root, 0o700); err != nil {
 		return err
 	}
@@ -267,7 +282,7 @@ func (p *player) setup() error {
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
-		other = &userInfo{name: u.Username, uid: uid, gid: gid, root: filepath.Join(p.mnt, "u")}
+		other = &userInfo{name: u.Username, uid: uid, gid: gid, root: filepath.Join(p.mnt, "u"), view: filepath.Join(p.view, "u")}
 		if err := os.Mkdir(other.root, 0o700); err != nil {
 			return err
 		}
@@ -293,9 +308,14 @@ func (p *player) setup() error {
 	return nil
 }
 
-// command is an agent-wrap command as u, in its own process group.
+// command is an agent-wrap command as u, in its own process group: `run`
+// on u's root, every other command on its view (see setup).
 func (p *player) command(u *userInfo, args ...string) *exec.Cmd {
-	c := exec.Command(p.bin, append([]string{"--root", u.root}, args...)...)
+	root := u.view
+	if len(args) > 0 && args[0] == "run" {
+		root = u.root
+	}
+	c := exec.Command(p.bin, append([]string{"--root", root}, args...)...)
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	c.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=" + u.root, "LANG=C"}
 	if u.uid != 0 {

@@ -278,7 +278,7 @@ func (p *player) readOnlyFor(pause time.Duration) (bool, string) {
 	until := time.Now().Add(pause)
 	var err error
 	for time.Now().Before(until) {
-		err = unix.Mount("", p.mnt, "", unix.MS_REMOUNT|unix.MS_RDONLY, "")
+		err = unix.Mount("", p.view, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, "")
 		if err == nil {
 			break
 		}
@@ -306,7 +306,7 @@ func (p *player) readWrite() {
 	p.readOnly = false
 	p.mu.Unlock()
 	if ro {
-		if err := unix.Mount("", p.mnt, "", unix.MS_REMOUNT, ""); err != nil {
+		if err := unix.Mount("", p.view, "", unix.MS_REMOUNT|unix.MS_BIND, ""); err != nil {
 			p.logf("remount read-write: %v", err)
 		}
 	}

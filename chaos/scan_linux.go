@@ -103,7 +103,7 @@ func (p *player) teardown() {
 	}
 	p.mu.Unlock()
 	p.contAll()
-	if p.mnt != "" {
+	if p.view != "" {
 		p.readWrite()
 	}
 	// The runs: wrappers, cgroups, then every tagged process until none.
@@ -164,6 +164,11 @@ func (p *player) teardown() {
 	for _, r := range p.runs {
 		if rec, err := p.record(r); err == nil && rec.Cgroup != "" {
 			_ = os.Remove(rec.Cgroup)
+		}
+	}
+	if p.view != "" {
+		if err := unix.Unmount(p.view, 0); err != nil {
+			_ = unix.Unmount(p.view, unix.MNT_DETACH)
 		}
 	}
 	if p.mnt != "" {

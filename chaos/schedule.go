@@ -50,7 +50,7 @@ var hostFaults = []string{
 	"kill-attach", "stop-attach", // the same for an `attach` following the run
 	"kill-watchdog", "stop-watchdog", // the root's watchdog (restarted after a kill, as systemd would)
 	"fill",                                         // the run root's tmpfs filled to the last byte, freed after a pause
-	"ro",                                           // the tmpfs remounted read-only, then read-write after a pause
+	"ro",                                           // the root read-only for every command but the wrappers, then read-write after a pause
 	"tear-status", "tear-deadline", "tear-journal", // a file of the run cut short or garbled
 	"cancel", "cancel2", // a cancel; two at once
 	"renew", // a renewal
@@ -159,12 +159,28 @@ func Generate(seed uint64, o Options) Schedule {
 	}
 	if o.SSH {
 		rs2 := rand.New(rand.NewPCG(seed^0x5348, seed+0x5348))
+		rs3 := rand.New(rand.NewPCG(seed^0x4354, seed+0x4354))
 		n := 1 + rs2.IntN(2)
 		for k := 0; k < n; k++ {
 			run := RunSpec{Index: o.Runs + k, At: time.Duration(rs2.IntN(1501)) * time.Millisecond, Shape: Shapes[rs2.IntN(len(Shapes))],
 				Lease: time.Duration(2+rs2.IntN(3)) * time.Second, Grace: time.Duration(1+rs2.IntN(2)) * time.Second, SSH: true}
 			s.Runs = append(s.Runs, run)
 			s.Steps = append(s.Steps, drawFaults(rs2, run, o, Faults)...)
+			// And 1 to 3 faults of the controller's own, past its claim,
+			// from a third stream: drawn over all faults, these four are
+			// too rare in a run's later phases to be covered, and the
+			// first two streams stay what they were.
+			extra := drawFaults(rs3, run, Options{Faults: 2}, sshFaults)
+			for i := range extra {
+				if extra[i].Aim == "claim" {
+					extra[i] = Step{} // dropped: the claim is covered without them
+				}
+			}
+			for _, st := range extra[:min(3, len(extra))] {
+				if st.Fault != "" {
+					s.Steps = append(s.Steps, st)
+				}
+			}
 		}
 	}
 	s.sort()

@@ -101,7 +101,8 @@ func TestGenerateIsASeedsFunction(t *testing.T) {
 // user and controller runs, as make chaos draws) is the one checked in
 // under testdata. A change to Generate changes every seed's schedule, and
 // the regression seeds would no longer replay what found their holes: such
-// a change must find them again (and update the golden file with
+// a change must only add steps (as the controller's own faults from a
+// third stream did), or find them again (and update the golden file with
 // `go run ./chaos/cmd/awchaos -schedule -seed 1 > chaos/testdata/seed1.schedule`).
 func TestScheduleIsFrozen(t *testing.T) {
 	want, err := os.ReadFile("testdata/seed1.schedule")
