@@ -52,10 +52,11 @@ type Tracker struct {
 	members []Member  // the last answer
 	started bool      // the first, whole look was made
 
-	last     int  // the last PID the last look covered
-	settled  bool // the last look found every member as the one before, and no new one
-	byRange  bool // new PIDs can be looked at one by one (LastPID works, /proc is ours)
-	runTimes bool // the kernel keeps run times
+	last     int               // the last PID the last look covered
+	settled  bool              // the last look found every member as the one before, and no new one
+	byRange  bool              // new PIDs can be looked at one by one (LastPID works, /proc is ours)
+	lastPID  *proc.LastPIDFile // ns_last_pid, kept open for the tracker's life
+	runTimes bool              // the kernel keeps run times
 
 	table []proc.Stat     // reused: what a look read, to be judged
 	mine  map[int]bool    // reused: PIDs of the table (members and relevant new ones)
@@ -84,11 +85,14 @@ type tracked struct {
 }
 
 // NewTracker returns a Tracker for r, which must name its Supervisor (the
-// caller's own PID). It looks at nothing yet.
+// caller's own PID). It looks at nothing yet; it keeps ns_last_pid open
+// for its life, which is the wrapper's.
 func NewTracker(r Run) *Tracker {
 	t := &Tracker{run: r, mine: map[int]bool{}, prev: map[int]tracked{}}
-	if _, err := proc.LastPID(); err == nil && ownPIDNamespace() {
-		t.byRange = true
+	if f, err := proc.OpenLastPID(); err == nil && ownPIDNamespace() {
+		t.byRange, t.lastPID = true, f
+	} else if err == nil {
+		f.Close()
 	}
 	t.runTimes = proc.RunTimeKept()
 	return t
@@ -118,7 +122,7 @@ func (t *Tracker) Look() ([]Member, error) {
 	// The last PID is read before the run times: a process the run forks
 	// after this read has a later PID, which the next look covers (this
 	// one finds the run changed).
-	cur, err := proc.LastPID()
+	cur, err := t.lastPID.Read()
 	if err != nil {
 		return t.whole(0)
 	}

@@ -35,6 +35,49 @@ func LastPID() (int, error) {
 	return v, nil
 }
 
+// LastPIDFile is LastPID for a caller that asks again and again: it keeps
+// ns_last_pid open and reads it from offset 0 each time (a sysctl file
+// answers each such read anew), one pread(2) instead of an open, a read
+// and a close. Its zero value reads through LastPID.
+type LastPIDFile struct{ fd int }
+
+// OpenLastPID opens ns_last_pid for LastPIDFile.Read.
+func OpenLastPID() (*LastPIDFile, error) {
+	const path = "/proc/sys/kernel/ns_last_pid"
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return &LastPIDFile{fd: fd}, nil
+}
+
+// Read returns the last PID handed out, as LastPID does.
+func (f *LastPIDFile) Read() (int, error) {
+	if f == nil || f.fd <= 0 {
+		return LastPID()
+	}
+	var buf [32]byte
+	n, err := unix.Pread(f.fd, buf[:], 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "read", Path: "/proc/sys/kernel/ns_last_pid", Err: err}
+	}
+	v, err := strconv.Atoi(string(bytes.TrimSpace(buf[:n])))
+	if err != nil {
+		return 0, fmt.Errorf("/proc/sys/kernel/ns_last_pid: %q: %v", buf[:n], err)
+	}
+	return v, nil
+}
+
+// Close closes the file; Read then reads through LastPID.
+func (f *LastPIDFile) Close() error {
+	if f == nil || f.fd <= 0 {
+		return nil
+	}
+	fd := f.fd
+	f.fd = 0
+	return unix.Close(fd)
+}
+
 // PIDMax returns /proc/sys/kernel/pid_max: PIDs are below it.
 func PIDMax() (int, error) {
 	var buf [32]byte

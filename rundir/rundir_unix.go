@@ -316,6 +316,25 @@ func (d *Dir) ModTime(name string) (time.Time, error) {
 	return time.Unix(st.Mtim.Unix()), nil
 }
 
+// Stamp is what one fstatat(2) says of a file: a file replaced (a new
+// inode), written or truncated in place (size, modification and change
+// times) has another stamp. A watcher compares stamps to read a file only
+// when it may have changed.
+type Stamp struct {
+	Ino          uint64
+	Size         int64
+	Mtime, Ctime unix.Timespec
+}
+
+// StampOf returns name's Stamp (see Stamp).
+func (d *Dir) StampOf(name string) (Stamp, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return Stamp{}, &os.PathError{Op: "stat", Path: filepath.Join(d.Path, name), Err: err}
+	}
+	return Stamp{Ino: st.Ino, Size: st.Size, Mtime: st.Mtim, Ctime: st.Ctim}, nil
+}
+
 // Exists reports whether name exists (as anything) in the directory.
 func (d *Dir) Exists(name string) bool {
 	var st unix.Stat_t

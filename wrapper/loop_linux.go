@@ -8,6 +8,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/lease"
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/stop"
 )
@@ -22,11 +23,15 @@ func (s *supervisor) wait(deadline int64) string {
 		defer timer.Stop()
 		leaseC = timer.C
 	}
-	// A backstop look finds escaped descendants within about a second and
-	// reaps orphans even if a SIGCHLD was coalesced with another.
-	tick := time.NewTicker(time.Second)
+	// A backstop look finds escaped descendants and reaps orphans even if
+	// a SIGCHLD was coalesced with another: every lookEvery while the run
+	// changes, backing off to lookEveryQuiet while it does not (see
+	// nextLook).
+	period := lookEvery
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	seen := deadline // deadline_epoch as last read
+	var seenStamp rundir.Stamp
 
 	if s.pollLeader() {
 		return s.cancelledMeanwhile()
@@ -72,28 +77,61 @@ func (s *supervisor) wait(deadline int64) string {
 				s.warn("the run directory %s was removed while the job ran: stopping the job", s.d.Path)
 				return s.beginCancel(statusfile.CauseCancel, "run_dir_removed")
 			}
-			s.look() // records escapes
+			quiet := s.look() // records escapes
 			if s.pollLeader() {
 				return s.cancelledMeanwhile()
 			}
+			// A renewal may also shorten the lease (renew --lease 1s ends
+			// a run on demand): the timer is moved up to the new deadline,
+			// where checkLease decides under the lock. The file is the
+			// cheap look, and while its stamp (inode, size, times) is as
+			// last seen, one fstatat is all of it; when it changes, the
+			// journal says what the deadline is (lease.Effective), so a
+			// hand-written file moves nothing later.
 			if timer != nil {
-				// A renewal may also shorten the lease (renew --lease 1s
-				// ends a run on demand): the timer is moved up to the new
-				// deadline, where checkLease decides under the lock. The
-				// file is the cheap look; when it changes, the journal
-				// says what the deadline is (lease.Effective), so a
-				// hand-written file moves nothing later.
-				if dl, err := lease.ReadDeadline(s.d); err == nil && dl != seen {
-					seen = dl
-					if eff, _, err := lease.Effective(s.d); err == nil && eff < deadline {
-						deadline = eff
-						timer.Reset(time.Until(time.Unix(eff, 0)))
-						s.deadlineMoved(eff)
+				stamp, serr := s.d.StampOf(rundir.DeadlineFile)
+				moved := serr != nil || stamp != seenStamp
+				seenStamp = stamp
+				if moved {
+					if dl, err := lease.ReadDeadline(s.d); err == nil && dl != seen {
+						seen, quiet = dl, false
+						if eff, _, err := lease.Effective(s.d); err == nil && eff < deadline {
+							deadline = eff
+							timer.Reset(time.Until(time.Unix(eff, 0)))
+							s.deadlineMoved(eff)
+						}
 					}
 				}
 			}
+			if next := nextLook(period, quiet); next != period {
+				// Only a change of period touches the ticker: a reset
+				// wakes the runtime's poller (one more thread woken), a
+				// ticker left alone re-arms itself.
+				period = next
+				tick.Reset(period)
+			}
 		}
 	}
+}
+
+// The backstop look's period: lookEvery while the run changes, doubling
+// up to lookEveryQuiet after each look that found nothing of the run had
+// run since the last one (and the deadline file unchanged). Nothing can
+// escape without running, so the look after a quiet spell is the one
+// that finds it: an escape is recorded at most lookEveryQuiet after it
+// happened, one lookEvery while the job keeps running. A quiet run so
+// costs its host half the wakeups; the lease needs no look (its timer
+// is separate), and the watchdog backs a shortened deadline up.
+const (
+	lookEvery      = time.Second
+	lookEveryQuiet = 2 * time.Second
+)
+
+func nextLook(period time.Duration, quiet bool) time.Duration {
+	if !quiet {
+		return lookEvery
+	}
+	return min(2*period, lookEveryQuiet)
 }
 
 // pollLeader asks the reaper, without reaping, whether the leader has

@@ -86,27 +86,31 @@ func (s *supervisor) noteEscape(p proc.Stat) {
 
 func (s *supervisor) liveTargets() []target { return s.scanFast() }
 
-// look is the wait's backstop, once a second while the job runs: it records
-// escapes, and reaps the job's orphans should a SIGCHLD have been coalesced
-// with another. With a cgroup it reads the run's cgroup; without, the
-// run's tracker (membership.Tracker) reads only what could have changed
-// since its last look, not every process on the host.
-func (s *supervisor) look() {
+// look is the wait's backstop, every second or two while the job runs
+// (nextLook): it records escapes, and reaps the job's orphans should a
+// SIGCHLD have been coalesced with another. With a cgroup it reads the
+// run's cgroup; without, the run's tracker (membership.Tracker) reads only
+// what could have changed since its last look, not every process on the
+// host. quiet: the tracker found that nothing of the run had run since its
+// last look (never with a cgroup, whose look is always the same read).
+func (s *supervisor) look() (quiet bool) {
 	s.reap.reapOthers()
 	if s.cgroup != "" {
 		if out, ok := s.members().CgroupMembers(); ok {
 			s.noteEscapes(out)
-			return
+			return false
 		}
 	}
 	if s.tracker == nil {
 		s.tracker = membership.NewTracker(s.members())
 	}
+	before := s.tracker.Counts().Quiet
 	out, err := s.tracker.Look()
 	if err != nil {
 		s.warn("cannot read /proc: %v", err)
 	}
 	s.noteEscapes(out)
+	return err == nil && s.tracker.Counts().Quiet > before
 }
 
 // scanFast lists the targets from the run's cgroup when it has one: one

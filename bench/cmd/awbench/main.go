@@ -28,7 +28,7 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // figures in the order they run and are reported.
-var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "idle", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "mcp", "scale", "fanout"}
+var figures = []string{"costs", "binary", "startup", "cancel", "floor", "output", "memory", "idle", "idlescale", "watchdog", "lease", "controller", "authority", "nested", "http", "ledger", "mcp", "scale", "fanout"}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "readall" {
@@ -175,6 +175,8 @@ func (r *runner) figure(name string) error {
 		return r.fanoutFigure()
 	case "idle":
 		return r.idle()
+	case "idlescale":
+		return r.idleScale()
 	}
 	return fmt.Errorf("unknown figure %q", name)
 }

@@ -199,6 +199,17 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   /proc/PID/task/*/schedstat. References in the same window: coreutils
   ` + "`tail -f`" + ` following the streaming run's two logs, and tini supervising a
   sleep. No target: what a host pays for each of its quiet runs.
+- **idle scale**: N quiet runs on an unprivileged account, as over ssh where
+  no cgroup is delegated: ` + "`run --detach --cgroup off --lease 10m --no-stream -- sleep 600`" + `
+  started as the user awbench (added with useradd when missing), for N = 10,
+  100 and 500 (10 and 100 quick); a second after all run, each wrapper's CPU
+  time (summed over its threads' schedstat) over 10 s (5 s quick), and its
+  RssAnon and Pss. Baseline: the same at N = 10 in the same run; targets:
+  at most 1.2× that at N = 500, at most 0.3 ms CPU/s a wrapper, RssAnon at
+  most 1.0 MiB and Pss at most 1.5 MiB. Beside each N, 5 probe runs whose
+  job sleeps in open(2) of a FIFO until released, then leaves its session:
+  the time from the release to the ` + "`escaped`" + ` line (how promptly an escape
+  after a quiet spell is journaled).
 - **watchdog scan**: a root with N synthetic run directories (bench.Fixture:
   100 ` + "`running`" + ` runs with a deadline an hour ahead naming real live processes,
   the rest ` + "`finished`" + ` with a deadline an hour past), ` + "`agent-wrap watchdog --once`" + `
