@@ -186,7 +186,7 @@ func (r *runner) idleScaleAt(n int, window time.Duration, uid, gid uint32) (idle
 	m.cpu = (c1 - c0) / secs / float64(n) * 1e3
 	m.wakeups = (w1 - w0) / secs / float64(n)
 	for _, pid := range pids {
-		anon, err := statusBytes(pid, "RssAnon")
+		anon, err := bench.StatusBytes(pid, "RssAnon")
 		if err != nil {
 			return m, err
 		}
@@ -240,21 +240,6 @@ func (r *runner) idleScaleAt(n int, window time.Duration, uid, gid uint32) (idle
 		}
 	}
 	return m, nil
-}
-
-// statusBytes reads a "kB" field of /proc/PID/status, in bytes.
-func statusBytes(pid int, field string) (int64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb * 1024, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status has no %s", pid, field)
 }
 
 // ensureBenchUser returns the bench user's uid and gid, adding the user
