@@ -159,7 +159,7 @@ clean:
 # alone (with DURATION too: a campaign from seed n on).
 SEED ?=
 DURATION ?=
-chaos: build
+chaos: deps build
 	$(GO) build -o bin/awchaos ./chaos/cmd/awchaos
 	bin/awchaos -bin $(BIN) $(if $(SEED),-seed $(SEED) $(if $(DURATION),-duration $(DURATION),-count 1),-duration $(or $(DURATION),20m))
 

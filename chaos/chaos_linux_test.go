@@ -114,6 +114,8 @@ var regressionSeeds = []struct {
 		"though pid, pgid and the leader's start are intact; the job outlives its lease (2 of 2 replays)"},
 	{586988, "without a cgroup, the wrapper stopped (SIGSTOP) as the job left its session: the escape was never recorded, " +
 		"the watchdog's stop saw the session only, and the escape outlived its lease (2 of 2 replays)"},
+	{677568, "a cancel recorded while the wrapper was starting the job, the wrapper SIGKILLed before recording it: " +
+		"the record said cancelling with no group, and the cancel wrote cancelled, no survivors, over the live job (found once, 0 of 1 replays)"},
 }
 
 // TestRegressionSeeds replays the seeds that found holes, side by side, with

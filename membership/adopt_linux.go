@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -20,23 +22,33 @@ type Leader struct {
 	// none and the leader's own cgroup is the one its wrapper made for the
 	// run (see CgroupName); "" otherwise.
 	Cgroup string
+	// From says where the leader's PID was found: the pid file, the
+	// run's cgroup, the live wrapper's children or the writers of the
+	// run's stdout.log.
+	From string
 }
 
 // StartingLeader finds the job of a run whose record names no process
-// group because its wrapper died while starting it: after the fork and
-// before the `running` record. The pid file (or, before it is written, a
-// session leader in the run's cgroup) is a claim, taken only when it still
-// makes sense: the process at that PID is a session leader (PID == PGID ==
-// SID) that started no earlier than the wrapper, alive or a zombie; or
-// nothing is at that PID any more, and its group members are then to be
-// validated against the wrapper's start time instead of the leader's
-// (Leader.Start). A PID now used by anything else is no leader: ok is
-// false. The caller has checked that the record is from this boot.
+// group because its wrapper stopped acting while starting it: after the
+// fork and before the `running` record (statusfile.Record.JobUnrecorded:
+// the record is `starting`, or `cancelling` by a cancel that came
+// meanwhile). The evidence, in order: the pid file; before it is written,
+// the session leader that started first in the run's cgroup; without a
+// cgroup, among the children of the wrapper if it lives (stopped, say);
+// else among the processes whose fd 1 is the run's own stdout.log (the
+// file, not its name: the wrapper opened it for the job). Each is a claim,
+// taken only when it still makes sense: the process at that PID is a
+// session leader (PID == PGID == SID) that started no earlier than the
+// wrapper, alive or a zombie; or nothing is at that PID any more, and its
+// group members are then to be validated against the wrapper's start time
+// instead of the leader's (Leader.Start). A PID now used by anything else
+// is no leader: ok is false. The caller has checked that the record is
+// from this boot.
 func StartingLeader(d *rundir.Dir, rec *statusfile.Record) (l Leader, ok bool) {
-	if rec.PGID > 1 || rec.State != statusfile.Starting || rec.WrapperStart == 0 {
+	if !rec.JobUnrecorded() || rec.WrapperStart == 0 {
 		return l, false
 	}
-	pid := 0
+	pid, from := 0, "the pid file"
 	// The pid file is written in one write of "PID\n"; a wrapper killed
 	// between creating it and that write leaves it empty, which says as
 	// little as no file at all.
@@ -47,13 +59,25 @@ func StartingLeader(d *rundir.Dir, rec *statusfile.Record) (l Leader, ok bool) {
 		if cg := startingCgroup(rec); cg != "" {
 			// No pid yet, but the run's cgroup: the job is the session
 			// leader in it that started first.
-			pid = firstSessionLeader(cg, rec.WrapperStart)
+			procs, _ := cgroup.Procs(cg)
+			pid, from = firstSessionLeader(procs, rec.WrapperStart), "the run's cgroup"
+		} else if WrapperAlive(rec) {
+			// No pid and no cgroup, but the wrapper lives (stopped, say,
+			// between the fork and the pid file): the job is its child,
+			// the session leader among them that started first (the
+			// others are orphans of the run it adopted as subreaper).
+			pid, from = firstSessionLeader(wrapperChildren(rec.WrapperPID), rec.WrapperStart), "the wrapper's children"
+		} else {
+			// No pid, no cgroup, no wrapper: the job was started with the
+			// run's stdout.log as its fd 1, and nothing else of this boot
+			// writes to that file but the job and what it started.
+			pid, from = firstSessionLeader(logWriters(d, rec.WrapperPID), rec.WrapperStart), "the process writing the run's stdout.log"
 		}
 	}
 	if pid <= 1 {
 		return l, false
 	}
-	l = Leader{PID: pid, Start: rec.WrapperStart}
+	l = Leader{PID: pid, Start: rec.WrapperStart, From: from}
 	st, err := proc.ReadStat(pid)
 	switch {
 	case err == nil && st.PGID == pid && st.SID == pid && st.Start >= rec.WrapperStart:
@@ -69,14 +93,14 @@ func StartingLeader(d *rundir.Dir, rec *statusfile.Record) (l Leader, ok bool) {
 	return l, true
 }
 
-// firstSessionLeader returns the session leader (PID == PGID == SID) in
-// cgroup cg that started first, no earlier than the wrapper (minStart), or
-// 0. The job's leader is the first process in the run's cgroup; a
-// descendant that called setsid is a session leader too, but started after
-// it (in the same clock tick at worst, and then with a higher PID, short of
-// a PID wrap-around within that tick).
-func firstSessionLeader(cg string, minStart uint64) int {
-	procs, _ := cgroup.Procs(cg)
+// firstSessionLeader returns the session leader (PID == PGID == SID) among
+// procs (the run's cgroup, or its live wrapper's children) that started
+// first, no earlier than the wrapper (minStart), or 0. The job's leader is
+// the first process of the run; a descendant that called setsid is a
+// session leader too, but started after it (in the same clock tick at
+// worst, and then with a higher PID, short of a PID wrap-around within
+// that tick).
+func firstSessionLeader(procs []int, minStart uint64) int {
 	best, bestStart := 0, uint64(0)
 	for _, p := range procs {
 		st, err := proc.ReadStat(p)
@@ -115,4 +139,52 @@ func startingCgroup(rec *statusfile.Record) string {
 		return ""
 	}
 	return p
+}
+
+// wrapperChildren returns the PIDs of the wrapper's children: from the
+// kernel's children lists where it keeps them, else from a scan of the
+// process table.
+func wrapperChildren(wrapper int) []int {
+	if c, ok := proc.Children(wrapper); ok {
+		return c
+	}
+	all, err := proc.Scan()
+	if err != nil {
+		return nil
+	}
+	var c []int
+	for _, st := range all {
+		if st.PPID == wrapper {
+			c = append(c, st.PID)
+		}
+	}
+	return c
+}
+
+// logWriters returns the PIDs of the processes whose standard output is
+// the run's stdout.log itself (the same file, by device and inode, not by
+// name), from a scan of the process table: the job, as the wrapper started
+// it, and whatever inherited that descriptor from it. The wrapper, which
+// opened the file for the job, is left out. A process of another user
+// whose descriptors cannot be read is not counted.
+func logWriters(d *rundir.Dir, wrapper int) []int {
+	var log unix.Stat_t
+	if err := unix.Fstatat(d.FD(), rundir.StdoutFile, &log, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil
+	}
+	all, err := proc.Scan()
+	if err != nil {
+		return nil
+	}
+	var w []int
+	for _, st := range all {
+		if st.PID == wrapper || st.PID != st.SID || st.PID != st.PGID {
+			continue // only a session leader can be the job
+		}
+		var fd1 unix.Stat_t
+		if unix.Stat("/proc/"+strconv.Itoa(st.PID)+"/fd/1", &fd1) == nil && fd1.Dev == log.Dev && fd1.Ino == log.Ino {
+			w = append(w, st.PID)
+		}
+	}
+	return w
 }

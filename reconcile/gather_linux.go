@@ -189,19 +189,33 @@ func gatherOnce(d *rundir.Dir, full bool, table scan) (in Input, reread bool) {
 	if !full && (in.WrapperAlive && !statusfile.Terminal(rec.State) || rec.State == statusfile.Finished || rec.State == statusfile.LaunchFailed) {
 		return in, false // the outcome does not depend on the members
 	}
-	switch err := membership.Check(rec); {
+	judged := rec
+	err = membership.Check(rec)
+	if errors.Is(err, membership.ErrNoGroup) {
+		// The wrapper died before it recorded the job: the pid file or
+		// the run's cgroup may still name it (what a stop would adopt).
+		if l, ok := membership.StartingLeader(d, rec); ok {
+			c := *rec
+			c.PID, c.PGID, c.SID, c.LeaderStart = l.PID, l.PID, l.PID, l.Start
+			if l.Cgroup != "" {
+				c.Cgroup, c.Boundary = l.Cgroup, membership.BoundaryCgroup
+			}
+			judged, err = &c, membership.Check(&c)
+		}
+	}
+	switch {
 	case errors.Is(err, membership.ErrNoGroup):
 		return in, true // never got a process group: nothing to look for
 	case err != nil:
 		in.MembersErr = err
 		return in, true
 	}
-	all, err := table(rec)
+	all, err := table(judged)
 	if err != nil {
 		in.MembersErr = fmt.Errorf("cannot read the process table: %w", err)
 		return in, true
 	}
-	targets, rejected := membership.Run{Record: rec}.Judge(all)
+	targets, rejected := membership.Run{Record: judged}.Judge(all)
 	in.Rejected = rejected
 	for _, t := range targets {
 		in.Members = append(in.Members, Member{PID: t.PID, PGID: t.PGID, SID: t.SID,

@@ -249,7 +249,7 @@ func decide(in Input) Verdict {
 	default:
 		v.Outcome = Unknown
 		v.Reason = fmt.Sprintf("supervisor died before a final record: its wrapper (PID %d) is gone and no process of the run is alive; it was %s", rec.WrapperPID, what)
-		if rec.State == statusfile.Starting {
+		if rec.JobUnrecorded() {
 			v.Reason += "; it never recorded a process group, so a job may have started unseen"
 		}
 		if in.LockBusy {

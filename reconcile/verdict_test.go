@@ -20,6 +20,14 @@ func record(state, cause string, code int) *statusfile.Record {
 	return r
 }
 
+// unrecorded is a live record whose wrapper never recorded the job: no
+// process group.
+func unrecorded(state, cause string) *statusfile.Record {
+	r := record(state, cause, 0)
+	r.PID, r.PGID, r.SID = 0, 0, 0
+	return r
+}
+
 var (
 	sleeper = Member{PID: 501, PGID: 500, SID: 500, State: "S", Comm: "sleep"}
 	leader  = Member{PID: 500, PGID: 500, SID: 500, State: "S", Comm: "sh"}
@@ -110,8 +118,10 @@ func TestDecide(t *testing.T) {
 			Unknown, -1, SupervisorLost, []string{"supervisor died before a final record", "running, not cancelling"}},
 		{"cancelling/wrapper-dead/empty", Input{Record: record(statusfile.Cancelling, statusfile.CauseLease, 0)},
 			Unknown, -1, SupervisorLost, []string{"supervisor died before a final record", "cancelling (cause lease)"}},
-		{"starting/wrapper-dead", Input{Record: record(statusfile.Starting, "", 0)},
+		{"starting/wrapper-dead", Input{Record: unrecorded(statusfile.Starting, "")},
 			Unknown, -1, SupervisorLost, []string{"supervisor died before a final record", "started unseen"}},
+		{"cancelling-while-starting/wrapper-dead", Input{Record: unrecorded(statusfile.Cancelling, statusfile.CauseCancel)},
+			Unknown, -1, SupervisorLost, []string{"supervisor died before a final record", "cancelling (cause cancel)", "started unseen"}},
 		{"running/wrapper-dead/empty/lock-busy", Input{Record: record(statusfile.Running, "", 0), LockBusy: true},
 			Unknown, -1, SupervisorLost, []string{"holds the run's lock"}},
 		{"running/wrapper-dead/unverifiable", Input{Record: record(statusfile.Running, "", 0), MembersErr: errors.New("record is inconsistent")},

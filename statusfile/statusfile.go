@@ -185,6 +185,16 @@ func (r *Record) Code() int {
 // SetExit stores the exit code.
 func (r *Record) SetExit(code int) { r.ExitCode = &code }
 
+// JobUnrecorded reports whether the record is live but names no job: its
+// wrapper had not recorded the job's process group when the record was
+// last written. That is a `starting` record, or a `cancelling` one whose
+// cancel was recorded while the run was starting (the wrapper keeps the
+// cancel when it records the job, so a `cancelling` record without a
+// group means it never did). A job may have been started all the same.
+func (r *Record) JobUnrecorded() bool {
+	return r.PGID <= 1 && (r.State == Starting || r.State == Cancelling)
+}
+
 // Marshal renders the record as indented JSON with a trailing newline.
 //
 // "survivors" is written exactly when the record is terminal, and then as

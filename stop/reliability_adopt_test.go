@@ -3,6 +3,7 @@ package stop_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/membership"
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/reconcile"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/stop"
@@ -147,5 +149,122 @@ func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
 	})
 	if rep.Record.State != statusfile.Cancelled || len(rep.Record.Survivors) != 0 {
 		t.Fatalf("record after the stop: %+v", rep.Record)
+	}
+}
+
+// cancelWhileStarting turns d's `starting` record into what a cancel
+// recorded while the wrapper was starting the job leaves: `cancelling`,
+// cause cancel, still naming no process group.
+func cancelWhileStarting(t *testing.T, d *rundir.Dir) {
+	t.Helper()
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State, rec.Cause = statusfile.Cancelling, statusfile.CauseCancel
+	if err := statusfile.Write(d, rec, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A cancel recorded while the wrapper was starting the job, and the
+// wrapper then killed before it recorded the job: the record is
+// `cancelling` and names no group. The stop that finishes the cancel
+// adopts the job (from the pid file, or from the run's cgroup when the pid
+// file is empty) and stops it, instead of recording `cancelled` with no
+// survivors over a live job; reconcile, asked before, sees the job.
+func TestOutsideAdoptsJobCancelledWhileStarting(t *testing.T) {
+	for _, from := range []string{"pid file", "cgroup"} {
+		t.Run(from, func(t *testing.T) {
+			var job proc.Stat
+			var d *rundir.Dir
+			if from == "pid file" {
+				job = startSleep(t, true)
+				d = startingRun(t, job.PID)
+			} else {
+				g := runtest.Cgroup(t, membership.CgroupName("adopt-1", os.Getpid()))
+				job = runtest.SpawnIn(t, g, "sleep", "600")
+				d = startingRun(t, 0)
+				if err := d.Remove(rundir.PIDFile); err != nil {
+					t.Fatal(err)
+				}
+				rec, err := statusfile.Read(d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rec.Boundary, rec.Cgroup = membership.BoundaryCgroup, g.Path
+				if err := statusfile.Write(d, rec, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cancelWhileStarting(t, d)
+			assertJudgedRunning(t, d, job.PID)
+			rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runtest.Eventually(t, "the adopted job to die", func() bool { return !proc.Alive(job.PID, job.Start) })
+			if rep.Record.State != statusfile.Cancelled || rep.Record.Cause != statusfile.CauseCancel || rep.Record.PGID != job.PID || len(rep.Signalled) == 0 {
+				t.Fatalf("record after the stop: %+v, signalled %v", rep.Record, rep.Signalled)
+			}
+		})
+	}
+}
+
+// Without a pid file, a cgroup or a live wrapper, the job is the session
+// leader whose standard output is the run's stdout.log, the very file the
+// wrapper opened for it: the stop adopts and stops it, and leaves alone a
+// session leader that writes elsewhere, and one that writes to a file of
+// the same name in another directory.
+func TestOutsideAdoptsJobByItsLog(t *testing.T) {
+	d := startingRun(t, 0)
+	if err := d.Remove(rundir.PIDFile); err != nil {
+		t.Fatal(err)
+	}
+	cancelWhileStarting(t, d)
+	logged := func(path string) proc.Stat {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd := exec.Command("sleep", "600")
+		cmd.Stdout = f
+		cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+		return runtest.StartInGroup(t, cmd).Leader
+	}
+	job := logged(filepath.Join(d.Path, rundir.StdoutFile))
+	namesake := logged(filepath.Join(t.TempDir(), rundir.StdoutFile))
+	stranger := startSleep(t, true)
+	assertJudgedRunning(t, d, job.PID)
+	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtest.Eventually(t, "the job to die", func() bool { return !proc.Alive(job.PID, job.Start) })
+	if rep.Record.PGID != job.PID {
+		t.Fatalf("adopted group %d, want the job %d", rep.Record.PGID, job.PID)
+	}
+	for _, p := range []proc.Stat{namesake, stranger} {
+		if !proc.Alive(p.PID, p.Start) {
+			t.Errorf("pid %d, not the run's, did not survive the stop", p.PID)
+		}
+	}
+	for _, pid := range rep.Signalled {
+		if pid == namesake.PID || pid == stranger.PID {
+			t.Errorf("pid %d, not the run's, was signalled", pid)
+		}
+	}
+}
+
+// assertJudgedRunning checks that reconcile, asked about the run whose
+// record names no group, finds the job it would adopt and says running,
+// not "no process of the run is alive".
+func assertJudgedRunning(t *testing.T, d *rundir.Dir, job int) {
+	t.Helper()
+	in := reconcile.Gather(d)
+	v := reconcile.Decide(in)
+	if v.Outcome != reconcile.Running || len(in.Members) == 0 || in.Members[0].PID != job {
+		t.Fatalf("reconcile before the stop: %s (%s), members %+v; want running with the job %d", v.Outcome, v.Reason, in.Members, job)
 	}
 }
