@@ -78,6 +78,7 @@ func assertDead(t *testing.T, esc []statusfile.Escaped) {
 // cancel, lease expiry, or the leader exiting normally; with the run's own
 // cgroup and without one (session and subreaper tree alone).
 func TestEscapesStopped(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -97,6 +98,7 @@ func TestEscapesStopped(t *testing.T) {
 	} {
 		for _, cg := range []string{"auto", "off"} {
 			t.Run(tc.name+"/cgroup-"+cg, func(t *testing.T) {
+				t.Parallel()
 				root := runtest.NewRoot(t)
 				args := append(append([]string{"--grace", "2s", "--cgroup", cg}, tc.args...), append([]string{tc.name, "--"}, escapingJob(tc.body)...)...)
 				c, r := startRun(t, root, tc.name, args...)
@@ -174,6 +176,7 @@ func TestForkingJobStoppedCanaryUntouched(t *testing.T) {
 // job's start and those it makes later, while the wrapper is idle in its
 // loop.
 func TestNoZombiesUnderWrapper(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	// Five orphans that exit after a moment, reparented to the wrapper; on
 	// USR1, five more that live 5 s (long enough to be seen alive under the

@@ -37,6 +37,7 @@ func detachJobOutput() []byte {
 // reattaching controller's logs -f prints every byte and ends with the run;
 // wait exits with the job's code; the same ID again is refused while live.
 func TestDetachWaitLogsFollow(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	r := runtest.Run{Root: root, ID: "det"}
 	cleanupRun(t, r)

@@ -140,6 +140,7 @@ func TestFullDiskAtClaimStartsNothing(t *testing.T) {
 // final lines in the journal (space reserved at the claim) and the final
 // record written (in place); a second watchdog pass adds no second intent.
 func TestFullDiskMidRunStillStops(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	job := []string{"sh", "-c", "head -c 64M /dev/zero; exec sleep 300"}
 	t.Run("wrapper", func(t *testing.T) {
 		mnt := runtest.Tmpfs(t, 4<<20)
@@ -207,6 +208,7 @@ func TestFullDiskMidRunStillStops(t *testing.T) {
 // watchdog stops the run, recording the torn line with journal_torn, and
 // verify names the torn line.
 func TestTornJournalStillStops(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	r, rec := startOrphan(t, root, "torn", "sh", "-c", "sleep 300 & sleep 300 & wait")
 	dl := endLease(t, root, r)
@@ -247,6 +249,7 @@ func TestTornJournalStillStops(t *testing.T) {
 // root is writable again the same watchdog records the gap, in the journal
 // (intent_unrecorded) and in the record.
 func TestReadOnlyRootStillStops(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	mnt := runtest.Tmpfs(t, 16<<20)
 	root := filepath.Join(mnt, "runs")
 	// The job lets go of its logs: a file system with a file open for
@@ -307,6 +310,7 @@ func firstLine(s string) string {
 // pid, pgid): the watchdog stops it once its lease has expired, and cancel
 // stops it; the final record is the rebuilt one, saying so.
 func TestTornRecordStillStops(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	for _, tc := range []struct {
 		name, file, content string
 		by                  string // watchdog or cancel
@@ -361,6 +365,7 @@ func TestTornRecordStillStops(t *testing.T) {
 // and the wrapper has not acted, stops every process of it, the one that
 // left the session by setsid too. The final record says it was rebuilt.
 func TestTornRecordAndJournalStillStops(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	escFile := filepath.Join(t.TempDir(), "escaped")
 	c, r := startRun(t, root, "tj", "--lease", "5m", "--grace", "1s", "--no-stream", "tj", "--",
@@ -421,6 +426,7 @@ func TestTornRecordAndJournalStillStops(t *testing.T) {
 // deadline, the wrapper stops the run at it and says the file was ignored,
 // and renew is refused.
 func TestHandWrittenDeadlineRevivesNothing(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "revive", "--lease", "5m", "--grace", "1s", "--no-stream", "revive", "--", "sleep", "300")
 	rec := r.WaitState(t, statusfile.Running)

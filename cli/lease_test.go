@@ -64,6 +64,7 @@ func deadlineOf(t *testing.T, r runtest.Run) int64 {
 // see a deadline moved closer, plus 2 s (cause lease, exit 124); and a
 // renewal afterwards is refused while the job stays dead.
 func TestLeaseRenewThenExpire(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "l1", "--lease", "5m", "l1", "--", "sh", "-c", "sleep 300 & wait")
 	rec := r.WaitState(t, statusfile.Running)
@@ -183,6 +184,7 @@ func TestPIDReuseLeftAlone(t *testing.T) {
 // succeeds after deadline_expired is journaled, and every renewal that
 // reported success is in the journal.
 func TestRenewRacesWatchdog(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "race", "--lease", "5m", "--grace", "1s", "race", "--", "sleep", "300")
 	rec := r.WaitState(t, statusfile.Running)
@@ -254,6 +256,7 @@ func TestRenewRacesWatchdog(t *testing.T) {
 // corrupt run reported, the other left to its journal's deadline, and the
 // healthy expired run is still stopped.
 func TestWatchdogSkipsBrokenRuns(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	c, r := startRun(t, root, "healthy", "--lease", "5m", "--grace", "1s", "healthy", "--", "sleep", "300")
 	rec := r.WaitState(t, statusfile.Running)

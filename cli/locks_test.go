@@ -640,6 +640,7 @@ func TestWatchdogFinishesAKilledCancel(t *testing.T) {
 // lock is passed over: `watchdog --once` says so, naming its PID, and
 // stops the run it would have stopped.
 func TestStoppedWatchdogIsPassedOver(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		t.Fatal(err)

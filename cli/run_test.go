@@ -372,6 +372,7 @@ func TestRunStreamLostJobUnaffected(t *testing.T) {
 // the idle spell reaches both, byte for byte. `wait` watches only for the
 // record's replacement (IN_MOVED_TO), so the job's writes never wake it.
 func TestStreamWatchRearmedAfterIdle(t *testing.T) {
+	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	r := runtest.Run{Root: root, ID: "idle"}
 	t.Cleanup(r.Kill)

@@ -31,12 +31,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -84,24 +82,13 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer stopSharedPG() // if a test started it
-	moreAtOnce()
+	runtest.MoreAtOnce(e2eParallel)
 	return m.Run()
 }
 
-// e2eParallel is how many tests run at once here unless -test.parallel
-// says otherwise. go test's default is the number of CPUs, two on the
-// machines this runs on; these tests spend their time waiting on ssh,
-// leases and graces, each with an sshd of its own, not on a CPU.
+// e2eParallel is how many tests run at once here (runtest.MoreAtOnce):
+// each waits on ssh, leases and graces, with an sshd of its own.
 const e2eParallel = 4
-
-func moreAtOnce() {
-	flag.Parse()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given && runtime.GOMAXPROCS(0) < e2eParallel {
-		_ = flag.Set("test.parallel", strconv.Itoa(e2eParallel))
-	}
-}
 
 // harness is one test's sshd, run root and helpers.
 type harness struct {
