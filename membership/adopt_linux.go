@@ -114,6 +114,19 @@ func firstSessionLeader(procs []int, minStart uint64) int {
 	return best
 }
 
+// StartingCgroupEmpty reports whether a run whose wrapper died before it
+// recorded the job has a cgroup (the one startingCgroup finds) that holds
+// no live process: its job, if it was ever started, and all it made are
+// gone, since nothing but the wrapper starts a process into it.
+func StartingCgroupEmpty(rec *statusfile.Record) bool {
+	cg := startingCgroup(rec)
+	if cg == "" {
+		return false
+	}
+	populated, err := cgroup.Populated(cg)
+	return err == nil && !populated
+}
+
 // startingCgroup returns the cgroup of a run whose wrapper died before its
 // record moved past starting: the one the record names (a wrapper that
 // records it before the fork), else the one the wrapper would have made

@@ -268,3 +268,34 @@ func assertJudgedRunning(t *testing.T, d *rundir.Dir, job int) {
 		t.Fatalf("reconcile before the stop: %s (%s), members %+v; want running with the job %d", v.Outcome, v.Reason, in.Members, job)
 	}
 }
+
+// A wrapper that died after opening the job's logs, with no pid file and
+// nothing writing to the logs: with the run's cgroup empty, that is the
+// proof that no job runs, and the stop records `cancelled` (containment
+// cgroup); the same run without a cgroup is refused (TestOutsideRefusesUnknowableStart).
+func TestOutsideEmptyCgroupProvesNoJob(t *testing.T) {
+	g := runtest.Cgroup(t, membership.CgroupName("adopt-1", os.Getpid()))
+	d := startingRun(t, 0)
+	if err := d.Remove(rundir.PIDFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteOnce(rundir.StdoutFile, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Boundary, rec.Cgroup = membership.BoundaryCgroup, g.Path
+	if err := statusfile.Write(d, rec, true); err != nil {
+		t.Fatal(err)
+	}
+	cancelWhileStarting(t, d)
+	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Record.State != statusfile.Cancelled || rep.Record.Containment != statusfile.ContainmentCgroup || len(rep.Signalled) != 0 {
+		t.Fatalf("record after the stop of a run with an empty cgroup: %+v, signalled %v", rep.Record, rep.Signalled)
+	}
+}

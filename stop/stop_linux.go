@@ -94,11 +94,16 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	if errors.Is(err, membership.ErrNoGroup) && adoptStarting(d, rec, o) {
 		err = membership.Check(rec)
 	}
+	emptyCgroup := false
 	if errors.Is(err, membership.ErrNoGroup) && rec.JobUnrecorded() && d.Exists(rundir.StdoutFile) {
 		// The wrapper got as far as opening the job's logs, so the job may
-		// have been started, but nothing says which process it is: a
-		// `cancelled` record now could be a lie. Leave it unknown.
-		err = errors.New("its wrapper died while starting the job, after opening its logs and before recording its PID, and no process is left that the pid file, a cgroup or the job's stdout.log names: whether the job runs cannot be told, so the run is not recorded as stopped")
+		// have been started, and nothing says which process it is. An
+		// empty cgroup of the run's proves that nothing of it runs;
+		// without one, a `cancelled` record now could be a lie: leave the
+		// run unknown.
+		if emptyCgroup = membership.StartingCgroupEmpty(rec); !emptyCgroup {
+			err = errors.New("its wrapper died while starting the job, after opening its logs and before recording its PID, and no process is left that the pid file, a cgroup or the job's stdout.log names: whether the job runs cannot be told, so the run is not recorded as stopped")
+		}
 	}
 	if err != nil && !errors.Is(err, membership.ErrNoGroup) {
 		o.journal(d, "stop_refused", journal.Fields{"by": o.By, "reason": err.Error()}, true)
@@ -134,7 +139,11 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 	unlock()
 	rep.Record = rec
 	if rec.PGID <= 1 {
-		return finalize(d, rep, cause, "", nil, o)
+		containment := ""
+		if emptyCgroup {
+			containment = statusfile.ContainmentCgroup
+		}
+		return finalize(d, rep, cause, containment, nil, o)
 	}
 	signalled := map[int]bool{}
 	outside := membership.Run{Record: rec}
