@@ -125,7 +125,11 @@ func (p *player) checkOnce() {
 			if r.wrapper.PID == 0 && rec.WrapperPID > 1 {
 				r.wrapper = proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}
 			}
-			if old, ok := stateRank[r.state]; ok && r.state != "" {
+			// With both status.json and the journal torn, the record is
+			// rebuilt from what is left: a final line cut off takes the
+			// way the run ended with it, and a stop may end it anew.
+			rebuilt := r.torn["status.json"] && r.torn["events.jsonl"]
+			if old, ok := stateRank[r.state]; ok && r.state != "" && !rebuilt {
 				nw, known := stateRank[rec.State]
 				if !known || nw < old || (old == 3 && rec.State != r.state) {
 					st := r.state

@@ -231,17 +231,28 @@ func verdictOn(t *testing.T, h *host, id string) (int, reconcile.Verdict) {
 }
 
 // Without a cgroup, a stop from outside the wrapper (cancel, the
-// watchdog) sees the job's session, the escapes the wrapper recorded and
-// what they forked, nothing else. A process that left the session after
-// the wrapper died, and whose parent then exited, is invisible to it: the final record must not say that nothing survived
-// (containment session, survivors null), reconcile says unknown (exit 4)
-// and why, and cancel exits 1 saying cleanup cannot be confirmed. Before,
-// the record said survivors [] and reconcile `cancelled` while the escapee
-// lived.
+// watchdog) sees the job's session, the escapes the wrapper recorded, what
+// they forked, and the processes that hold the run's logs as their fds 1
+// and 2 (the job's own descendants, wherever they went). A process that
+// left the session after the wrapper died, whose parent then exited, is
+// found by its logs if it kept them, and is stopped; one that also gave
+// them up is invisible: either way the final record must not say that
+// nothing survived (containment session, survivors null), reconcile says
+// unknown (exit 4) and why, and cancel exits 1 saying cleanup cannot be
+// confirmed. Before, the record said survivors [] and reconcile
+// `cancelled` while the escapee lived.
 func TestOutsideStopWithoutCgroupClaimsNothing(t *testing.T) {
 	t.Parallel() // waits on leases and graces, not the CPU
-	for _, by := range []string{"cancel", "watchdog"} {
-		t.Run(by, func(t *testing.T) {
+	for _, tc := range []struct {
+		by        string
+		keepsLogs bool
+	}{{"cancel", false}, {"watchdog", false}, {"cancel", true}, {"watchdog", true}} {
+		name := tc.by + "/escapee-without-logs"
+		if tc.keepsLogs {
+			name = tc.by + "/escapee-with-logs"
+		}
+		t.Run(name, func(t *testing.T) {
+			by := tc.by
 			h := newHost(t, false)
 			dir, err := os.MkdirTemp("", "aw-escape-")
 			if err != nil {
@@ -253,7 +264,11 @@ func TestOutsideStopWithoutCgroupClaimsNothing(t *testing.T) {
 			// The job leaves its session (setsid) only once the test says
 			// so, after its wrapper is dead: no wrapper ever sees it, and
 			// its parent exits at once, so no parent links it to the run.
-			job := "while [ ! -e " + goFile + " ]; do sleep 0.05; done; sh -c 'setsid sleep 7101 &'; sleep 7100"
+			escape := "setsid sleep 7101 </dev/null >/dev/null 2>&1 &"
+			if tc.keepsLogs {
+				escape = "setsid sleep 7101 &"
+			}
+			job := "while [ ! -e " + goFile + " ]; do sleep 0.05; done; sh -c '" + escape + "'; sleep 7100"
 			c, r := h.start(t, "esc", "--lease", "5m", "--grace", "1s", "esc", "--", "sh", "-c", job)
 			rec := r.WaitState(t, statusfile.Running)
 			if err := stop.Signal(proc.Identity{PID: rec.WrapperPID, Start: rec.WrapperStart}, unix.SIGKILL); err != nil {
@@ -292,8 +307,11 @@ func TestOutsideStopWithoutCgroupClaimsNothing(t *testing.T) {
 					t.Fatalf("watchdog: exit %d: %s%s", code, out, stderr)
 				}
 			}
-			if !proc.Alive(esc.PID, esc.Start) {
-				t.Fatalf("the escapee %d died: the test shows nothing", esc.PID)
+			switch {
+			case tc.keepsLogs && !runtest.Within(10*time.Second, func() bool { return !proc.Alive(esc.PID, esc.Start) }):
+				t.Fatalf("the escapee %d, holding the run's logs, outlived the stop", esc.PID)
+			case !tc.keepsLogs && !proc.Alive(esc.PID, esc.Start):
+				t.Fatalf("the escapee %d, which gave up the run's logs, died: the test shows nothing", esc.PID)
 			}
 			if live := runtest.GroupOf(rec.PGID, rec.LeaderStart); len(live) > 0 {
 				t.Fatalf("the job's group outlived the stop: %+v", live)

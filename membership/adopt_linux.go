@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/proc"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -174,15 +172,12 @@ func wrapperChildren(wrapper int) []int {
 	return c
 }
 
-// logWriters returns the PIDs of the processes whose standard output is
-// the run's stdout.log itself (the same file, by device and inode, not by
-// name), from a scan of the process table: the job, as the wrapper started
-// it, and whatever inherited that descriptor from it. The wrapper, which
-// opened the file for the job, is left out. A process of another user
-// whose descriptors cannot be read is not counted.
+// logWriters returns the session leaders (the job can only be one) whose
+// standard output is the run's stdout.log itself (Logs), the wrapper left
+// out.
 func logWriters(d *rundir.Dir, wrapper int) []int {
-	var log unix.Stat_t
-	if err := unix.Fstatat(d.FD(), rundir.StdoutFile, &log, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	logs := LogsOf(d)
+	if !logs.Known() {
 		return nil
 	}
 	all, err := proc.Scan()
@@ -191,11 +186,7 @@ func logWriters(d *rundir.Dir, wrapper int) []int {
 	}
 	var w []int
 	for _, st := range all {
-		if st.PID == wrapper || st.PID != st.SID || st.PID != st.PGID {
-			continue // only a session leader can be the job
-		}
-		var fd1 unix.Stat_t
-		if unix.Stat("/proc/"+strconv.Itoa(st.PID)+"/fd/1", &fd1) == nil && fd1.Dev == log.Dev && fd1.Ino == log.Ino {
+		if st.PID != wrapper && st.PID == st.SID && st.PID == st.PGID && logs.Holds(st.PID, 1) {
 			w = append(w, st.PID)
 		}
 	}

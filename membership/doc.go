@@ -23,6 +23,12 @@
 //     wrapper while it lives with its recorded start time: as subreaper it
 //     holds every orphan of the job. A stop from outside so finds an escape
 //     the wrapper did not record because it was stopped or slow;
+//   - without a cgroup, from outside (Run.Logs), a process that started no
+//     earlier than the wrapper and holds the run's stdout.log or stderr.log
+//     (the files, by device and inode) as its fd 1 or 2 is the run's: the
+//     wrapper opens them for the job alone, so the holder is the job or was
+//     started below it, even after its wrapper and every parent in between
+//     died and left it to init;
 //   - only for the run's own wrapper (Run.Supervisor): the leader is its
 //     unreaped child, so the group number cannot be recycled and a group
 //     member counts wherever it is, and every descendant of the wrapper, its

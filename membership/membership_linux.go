@@ -85,6 +85,12 @@ type Run struct {
 	// is the run's, recorded as an escape or not yet. The record's cgroup
 	// is trusted as the caller's own, not checked with cgroup.Valid.
 	Supervisor int
+	// Logs, for a caller outside the wrapper (LogsOf the run's directory),
+	// makes a process that holds the run's logs as its fd 1 or 2 the
+	// run's, where the run has no cgroup to go by: so a process that left
+	// the job's session and tree unrecorded is found after its wrapper
+	// died. The zero value finds nothing this way.
+	Logs Logs
 }
 
 // facts are what the judgment of one process needs to know of the others.
@@ -240,6 +246,7 @@ func (r Run) Judge(all []proc.Stat) (members []Member, rejected []string) {
 		}
 	}
 	if r.Supervisor == 0 && !f.haveCgroup {
+		members = append(members, r.holders(all, judged)...)
 		members = append(members, r.offspring(all, members, judged)...)
 	}
 	sort.Slice(members, func(i, j int) bool { return members[i].PID < members[j].PID })
@@ -254,7 +261,9 @@ func (r Run) Judge(all []proc.Stat) (members []Member, rejected []string) {
 // leader and every orphan of the job, and forks nothing else). So a job
 // that left its session unrecorded, because its wrapper was stopped or
 // slow, is still found while its parent, or the stopped wrapper, lives.
-// One that a dead parent left to init is not: that is what a cgroup is for.
+// One that a dead parent left to init is found only by the logs it holds
+// (Run.Logs); one that also gave up the logs is not: that is what a cgroup
+// is for.
 func (r Run) offspring(all []proc.Stat, members []Member, judged map[int]bool) []Member {
 	children := map[int][]proc.Stat{}
 	for _, p := range all {

@@ -215,7 +215,7 @@ func gatherOnce(d *rundir.Dir, full bool, table scan) (in Input, reread bool) {
 		in.MembersErr = fmt.Errorf("cannot read the process table: %w", err)
 		return in, true
 	}
-	targets, rejected := membership.Run{Record: judged}.Judge(all)
+	targets, rejected := membership.Run{Record: judged, Logs: membership.LogsOf(d)}.Judge(all)
 	in.Rejected = rejected
 	for _, t := range targets {
 		in.Members = append(in.Members, Member{PID: t.PID, PGID: t.PGID, SID: t.SID,

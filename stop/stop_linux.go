@@ -146,7 +146,7 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 		return finalize(d, rep, cause, containment, nil, o)
 	}
 	signalled := map[int]bool{}
-	outside := membership.Run{Record: rec}
+	outside := membership.Run{Record: rec, Logs: membership.LogsOf(d)}
 	haveCgroup := rec.Cgroup != "" && cgroup.Valid(rec.Cgroup)
 	killCgroup := func(ps []int) {
 		o.journal(d, "signal_sent", journal.Fields{"signal": "KILL", "target": "cgroup", "cgroup": rec.Cgroup, "pids": ps, "by": o.By}, false)

@@ -1,0 +1,75 @@
+package membership
+
+import (
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
+)
+
+// Logs names a run's log files, stdout.log and stderr.log, by device and
+// inode (LogsOf). The wrapper opens them for the job alone and hands them
+// to it as its fds 1 and 2, so a process whose fd 1 or 2 is one of them is
+// the job or was started below it, wherever it went since: another
+// session, another parent, no parent of the run's left alive. That is how
+// a stop from outside a run without a cgroup finds what left the session
+// unrecorded after the wrapper died. A process that moved its own fds 1
+// and 2 elsewhere (or of another user, whose descriptors cannot be read)
+// is not found this way.
+type Logs struct {
+	files []unix.Stat_t
+}
+
+// LogsOf returns the run's log files as they are now; none where they
+// cannot be read.
+func LogsOf(d *rundir.Dir) Logs {
+	var l Logs
+	for _, name := range []string{rundir.StdoutFile, rundir.StderrFile} {
+		var st unix.Stat_t
+		if err := unix.Fstatat(d.FD(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			l.files = append(l.files, st)
+		}
+	}
+	return l
+}
+
+// Known reports whether any log file was found.
+func (l Logs) Known() bool { return len(l.files) > 0 }
+
+// Holds reports whether fd (1 or 2) of pid is one of the run's log files.
+func (l Logs) Holds(pid, fd int) bool {
+	if len(l.files) == 0 {
+		return false
+	}
+	var st unix.Stat_t
+	if unix.Stat("/proc/"+strconv.Itoa(pid)+"/fd/"+strconv.Itoa(fd), &st) != nil {
+		return false
+	}
+	for _, f := range l.files {
+		if st.Dev == f.Dev && st.Ino == f.Ino {
+			return true
+		}
+	}
+	return false
+}
+
+// holders returns the live processes of all, not yet judged, that started
+// no earlier than the run's wrapper and hold one of the run's logs as fd 1
+// or 2, the wrapper itself left out (it opens them for the job, and to
+// stream them).
+func (r Run) holders(all []proc.Stat, judged map[int]bool) []Member {
+	rec := r.Record
+	var found []Member
+	for _, p := range all {
+		if judged[p.PID] || p.Dead() || p.PID == rec.WrapperPID || p.Start < rec.WrapperStart {
+			continue
+		}
+		if r.Logs.Holds(p.PID, 1) || r.Logs.Holds(p.PID, 2) {
+			judged[p.PID] = true
+			found = append(found, Member{Stat: p, Escaped: true, Identity: proc.Identity{PID: p.PID, Start: p.Start}})
+		}
+	}
+	return found
+}
