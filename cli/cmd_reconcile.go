@@ -42,12 +42,8 @@ func runReconcile(e *Env, args []string) int {
 	case !*all && len(ids) == 0:
 		return e.usageError("reconcile needs a RUN_ID or --all")
 	}
-	for _, id := range ids {
-		if err := rundir.ValidID(id); err != nil {
-			e.errorf("%v", err)
-			e.hint("run IDs match %s", rundir.IDPattern)
-			return ExitUsage
-		}
+	if code := e.checkIDs(ids...); code != 0 {
+		return code
 	}
 	root, code := e.openRoot(false)
 	if root == nil {
