@@ -157,30 +157,62 @@ func pseudoRandom(n int) []byte {
 func TestStatusAlwaysValidUnderChurn(t *testing.T) {
 	root := runtest.NewRoot(t)
 	const n = 30
+	reads, bad, first := churn(t, root, "churn", n, 1, 200*time.Microsecond, nil, []string{"sh", "-c", "exit 0"},
+		func(id, dir string) (bool, error) {
+			b, err := os.ReadFile(filepath.Join(dir, "status.json"))
+			if err != nil {
+				return false, nil // not created yet
+			}
+			if _, err := statusfile.Parse(b); err != nil {
+				return true, fmt.Errorf("%v: %q", err, b)
+			}
+			return true, nil
+		})
+	if bad > 0 {
+		t.Fatalf("%d of %d reads were not a valid record; first: %v", bad, reads, first)
+	}
+	if reads < n {
+		t.Fatalf("only %d reads", reads)
+	}
+}
+
+// churn starts n runs, PREFIX-0 on (`run --no-stream FLAGS ID -- JOB`),
+// and waits for each to exit 0, while readers goroutines look at every
+// run's directory over and over, pausing between sweeps: look says
+// whether the run was there to see and what was wrong with what it saw.
+// It returns how many looks saw a run, how many of those found something
+// wrong, and the first wrong thing (nil for none).
+func churn(t *testing.T, root, prefix string, n, readers int, pause time.Duration, flags, job []string, look func(id, dir string) (bool, error)) (seen, bad int64, first any) {
+	t.Helper()
 	var stop atomic.Bool
-	var reads, bad atomic.Int64
+	var nSeen, nBad atomic.Int64
 	var firstBad atomic.Value
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for ; !stop.Load(); time.Sleep(200 * time.Microsecond) {
-			for j := 0; j < n; j++ {
-				b, err := os.ReadFile(filepath.Join(root, fmt.Sprintf("churn-%d", j), "status.json"))
-				if err != nil {
-					continue // not created yet
-				}
-				reads.Add(1)
-				if _, err := statusfile.Parse(b); err != nil {
-					bad.Add(1)
-					firstBad.CompareAndSwap(nil, fmt.Sprintf("%v: %q", err, b))
+	for i := 0; i < readers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ; !stop.Load(); time.Sleep(pause) {
+				for j := 0; j < n; j++ {
+					id := fmt.Sprintf("%s-%d", prefix, j)
+					ok, err := look(id, filepath.Join(root, id))
+					if !ok {
+						continue
+					}
+					nSeen.Add(1)
+					if err != nil {
+						nBad.Add(1)
+						firstBad.CompareAndSwap(nil, err.Error())
+					}
 				}
 			}
-		}
-	}()
+		}()
+	}
 	var cmds []*runtest.Cmd
 	for j := 0; j < n; j++ {
-		c, _ := startRun(t, root, fmt.Sprintf("churn-%d", j), "--no-stream", fmt.Sprintf("churn-%d", j), "--", "sh", "-c", "exit 0")
+		id := fmt.Sprintf("%s-%d", prefix, j)
+		args := append(append(append([]string{"--no-stream"}, flags...), id, "--"), job...)
+		c, _ := startRun(t, root, id, args...)
 		cmds = append(cmds, c)
 	}
 	for _, c := range cmds {
@@ -190,12 +222,7 @@ func TestStatusAlwaysValidUnderChurn(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	if bad.Load() > 0 {
-		t.Fatalf("%d of %d reads were not a valid record; first: %v", bad.Load(), reads.Load(), firstBad.Load())
-	}
-	if reads.Load() < n {
-		t.Fatalf("only %d reads", reads.Load())
-	}
+	return nSeen.Load(), nBad.Load(), firstBad.Load()
 }
 
 // `true` and `sh -c 'exit 3'`, 100 runs each: every one finished with its
