@@ -157,32 +157,23 @@ func pseudoRandom(n int) []byte {
 func TestStatusAlwaysValidUnderChurn(t *testing.T) {
 	root := runtest.NewRoot(t)
 	const n = 30
-	reads, bad, first := churn(t, root, "churn", n, 1, 200*time.Microsecond, nil, []string{"sh", "-c", "exit 0"},
-		func(id, dir string) (bool, error) {
-			b, err := os.ReadFile(filepath.Join(dir, "status.json"))
-			if err != nil {
-				return false, nil // not created yet
+	churn(t, root, "churn", n, 1, 200*time.Microsecond, nil, []string{"sh", "-c", "exit 0"}, "no valid record",
+		func(_, _ string, status []byte) error {
+			if _, err := statusfile.Parse(status); err != nil {
+				return fmt.Errorf("%v: %q", err, status)
 			}
-			if _, err := statusfile.Parse(b); err != nil {
-				return true, fmt.Errorf("%v: %q", err, b)
-			}
-			return true, nil
+			return nil
 		})
-	if bad > 0 {
-		t.Fatalf("%d of %d reads were not a valid record; first: %v", bad, reads, first)
-	}
-	if reads < n {
-		t.Fatalf("only %d reads", reads)
-	}
 }
 
 // churn starts n runs, PREFIX-0 on (`run --no-stream FLAGS ID -- JOB`),
 // and waits for each to exit 0, while readers goroutines look at every
-// run's directory over and over, pausing between sweeps: look says
-// whether the run was there to see and what was wrong with what it saw.
-// It returns how many looks saw a run, how many of those found something
-// wrong, and the first wrong thing (nil for none).
-func churn(t *testing.T, root, prefix string, n, readers int, pause time.Duration, flags, job []string, look func(id, dir string) (bool, error)) (seen, bad int64, first any) {
+// run over and over, pausing between sweeps. A run is there to see once
+// its status.json is; look is given its ID, directory and status.json as
+// read, and says what is wrong with the run. The test fails if any look
+// found something wrong (what names it: "no valid record"), or if fewer
+// than n looks saw a run.
+func churn(t *testing.T, root, prefix string, n, readers int, pause time.Duration, flags, job []string, what string, look func(id, dir string, status []byte) error) {
 	t.Helper()
 	var stop atomic.Bool
 	var nSeen, nBad atomic.Int64
@@ -195,12 +186,13 @@ func churn(t *testing.T, root, prefix string, n, readers int, pause time.Duratio
 			for ; !stop.Load(); time.Sleep(pause) {
 				for j := 0; j < n; j++ {
 					id := fmt.Sprintf("%s-%d", prefix, j)
-					ok, err := look(id, filepath.Join(root, id))
-					if !ok {
-						continue
+					dir := filepath.Join(root, id)
+					status, err := os.ReadFile(filepath.Join(dir, "status.json"))
+					if err != nil {
+						continue // not created yet
 					}
 					nSeen.Add(1)
-					if err != nil {
+					if err := look(id, dir, status); err != nil {
 						nBad.Add(1)
 						firstBad.CompareAndSwap(nil, err.Error())
 					}
@@ -222,7 +214,12 @@ func churn(t *testing.T, root, prefix string, n, readers int, pause time.Duratio
 	}
 	stop.Store(true)
 	wg.Wait()
-	return nSeen.Load(), nBad.Load(), firstBad.Load()
+	if nBad.Load() > 0 {
+		t.Fatalf("%d of %d looks at a visible run found %s; first: %v", nBad.Load(), nSeen.Load(), what, firstBad.Load())
+	}
+	if nSeen.Load() < int64(n) {
+		t.Fatalf("only %d looks at a visible run", nSeen.Load())
+	}
 }
 
 // `true` and `sh -c 'exit 3'`, 100 runs each: every one finished with its
