@@ -230,3 +230,24 @@ func (e *Env) openRoot(create bool) (*rundir.Root, int) {
 	}
 	return r, 0
 }
+
+// allRuns opens the root (never creating it) and lists its runs, for a
+// command over every run (list, gc, reconcile --all), to which no root yet
+// is no runs. Errors are printed. A nil root comes with the exit code to
+// return: 0 when there is no root.
+func (e *Env) allRuns() (*rundir.Root, []string, int) {
+	root, code := e.openRoot(false)
+	if root == nil {
+		if code == ExitNoRun {
+			return nil, nil, ExitOK // no root yet: no runs
+		}
+		return nil, nil, code
+	}
+	ids, err := root.List()
+	if err != nil {
+		root.Close()
+		e.errorf("%v", err)
+		return nil, nil, ExitFailure
+	}
+	return root, ids, 0
+}
