@@ -34,6 +34,18 @@ func newRoot(t *testing.T) *Root {
 	return r
 }
 
+// newJob is newRoot with the run "job" created in it, closed at cleanup.
+func newJob(t *testing.T) (*Root, *Dir) {
+	t.Helper()
+	r := newRoot(t)
+	d, err := r.Create("job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return r, d
+}
+
 func TestOpenRootRefusesUnsafe(t *testing.T) {
 	dir := t.TempDir()
 	real := filepath.Join(dir, "real")
@@ -76,12 +88,7 @@ func TestOpenRootRefusesUnsafe(t *testing.T) {
 }
 
 func TestCreateIsAClaim(t *testing.T) {
-	r := newRoot(t)
-	d, err := r.Create("job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	r, d := newJob(t)
 	if _, err := r.Create("job"); !errors.Is(err, ErrExists) {
 		t.Fatalf("second Create: %v, want ErrExists", err)
 	}
@@ -100,9 +107,7 @@ func TestCreateIsAClaim(t *testing.T) {
 // Files are never followed through symlinks or written through them, and
 // files writable by others are refused.
 func TestFilesNotFollowed(t *testing.T) {
-	r := newRoot(t)
-	d, _ := r.Create("job")
-	defer d.Close()
+	r, d := newJob(t)
 	outside := filepath.Join(t.TempDir(), "target")
 	os.WriteFile(outside, []byte("precious"), 0o600)
 	os.Symlink(outside, filepath.Join(d.Path, "status.json"))
@@ -128,9 +133,7 @@ func TestFilesNotFollowed(t *testing.T) {
 }
 
 func TestWriteAtomic(t *testing.T) {
-	r := newRoot(t)
-	d, _ := r.Create("job")
-	defer d.Close()
+	_, d := newJob(t)
 	for _, v := range []string{"one", "two"} {
 		if err := d.WriteAtomic("status.json", []byte(v), Durable); err != nil {
 			t.Fatal(err)
@@ -184,12 +187,7 @@ func TestTryLock(t *testing.T) {
 // it, and two opens of the run (two processes, in effect) exclude each
 // other, as do two goroutines sharing one Dir.
 func TestLockIsTheDirectory(t *testing.T) {
-	r := newRoot(t)
-	d, err := r.Create("job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	r, d := newJob(t)
 	other, err := r.Open("job")
 	if err != nil {
 		t.Fatal(err)
@@ -295,9 +293,7 @@ func TestLockTakesALegacyLockFile(t *testing.T) {
 // Visible fsyncs nothing and is still atomic; a failed replacement leaves
 // no temp file and the old content.
 func TestWriteAtomicVisibleAndFailure(t *testing.T) {
-	r := newRoot(t)
-	d, _ := r.Create("job")
-	defer d.Close()
+	_, d := newJob(t)
 	if err := d.WriteAtomic("deadline_epoch", []byte("5\n"), Visible); err != nil {
 		t.Fatal(err)
 	}
