@@ -208,27 +208,7 @@ func TestLockIsTheDirectory(t *testing.T) {
 	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
 		t.Fatalf("tryLockShared on the same Dir while locked: %v, want ErrLocked", err)
 	}
-	got := make(chan struct{})
-	go func() {
-		u, err := other.Lock()
-		if err != nil {
-			t.Error(err)
-		} else {
-			u()
-		}
-		close(got)
-	}()
-	select {
-	case <-got:
-		t.Fatal("a second Lock got the lock while the first held it")
-	case <-time.After(100 * time.Millisecond):
-	}
-	unlock()
-	select {
-	case <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second Lock did not get the lock after unlock")
-	}
+	lockWaitsFor(t, other, unlock, "the first Lock")
 	// Shared holds coexist.
 	u1, err := d.tryLockShared()
 	if err != nil {
@@ -240,6 +220,32 @@ func TestLockIsTheDirectory(t *testing.T) {
 	}
 	u1()
 	u2()
+}
+
+// lockWaitsFor fails unless d.Lock, called now, waits while holder keeps
+// the lock (100 ms) and gets it once release has let it go (10 s).
+func lockWaitsFor(t *testing.T, d *Dir, release func(), holder string) {
+	t.Helper()
+	got := make(chan struct{})
+	go func() {
+		if u, err := d.Lock(); err != nil {
+			t.Error(err)
+		} else {
+			u()
+		}
+		close(got)
+	}()
+	select {
+	case <-got:
+		t.Fatalf("Lock got the lock while %s held it", holder)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Lock did not get the lock after %s let it go", holder)
+	}
 }
 
 // A run made by an agent-wrap that locked a `lock` file: Lock takes that
@@ -268,26 +274,7 @@ func TestLockTakesALegacyLockFile(t *testing.T) {
 	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
 		t.Fatalf("tryLockShared while the old wrapper holds the lock file: %v, want ErrLocked", err)
 	}
-	got := make(chan struct{})
-	go func() {
-		if u, err := d.Lock(); err != nil {
-			t.Error(err)
-		} else {
-			u()
-		}
-		close(got)
-	}()
-	select {
-	case <-got:
-		t.Fatal("Lock did not wait for the holder of the lock file")
-	case <-time.After(100 * time.Millisecond):
-	}
-	unix.Flock(fd, unix.LOCK_UN)
-	select {
-	case <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Lock did not get the lock after the lock file was released")
-	}
+	lockWaitsFor(t, d, func() { unix.Flock(fd, unix.LOCK_UN) }, "the holder of the lock file")
 }
 
 // Visible fsyncs nothing and is still atomic; a failed replacement leaves
