@@ -37,25 +37,19 @@ func Median(xs []float64) float64 {
 }
 
 // Max returns the largest of xs, NaN for none.
-func Max(xs []float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	m := xs[0]
-	for _, x := range xs[1:] {
-		m = math.Max(m, x)
-	}
-	return m
-}
+func Max(xs []float64) float64 { return reduce(xs, math.Max) }
 
 // Min returns the smallest of xs, NaN for none.
-func Min(xs []float64) float64 {
+func Min(xs []float64) float64 { return reduce(xs, math.Min) }
+
+// reduce folds xs with pick from the first on, NaN for none.
+func reduce(xs []float64, pick func(a, b float64) float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}
 	m := xs[0]
 	for _, x := range xs[1:] {
-		m = math.Min(m, x)
+		m = pick(m, x)
 	}
 	return m
 }

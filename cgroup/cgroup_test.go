@@ -30,27 +30,45 @@ func TestMountAgreesWithMountinfo(t *testing.T) {
 	}
 }
 
-// Procs lists the processes started into a run's cgroup (CLONE_INTO_CGROUP,
-// as the wrapper starts a job), none once they are dead, and nothing,
-// without an error, for a cgroup that is gone.
-func TestProcsListsMembers(t *testing.T) {
-	g, err := Create(fmt.Sprintf("procs-test.%d", os.Getpid()))
+// testGroup creates the cgroup NAME.PID for a test, closed and removed at
+// cleanup; where no cgroup can be made the test is skipped (failed in CI).
+func testGroup(t *testing.T, name string) *Group {
+	t.Helper()
+	g, err := Create(fmt.Sprintf("%s.%d", name, os.Getpid()))
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("cannot create a cgroup here: %v", err)
 		}
 		t.Skipf("cannot create a cgroup here: %v", err)
 	}
-	defer g.Close()
-	defer Remove(g.Path)
+	t.Cleanup(func() {
+		Remove(g.Path)
+		g.Close()
+	})
+	return g
+}
+
+// sleepIn starts `sleep 300` into g (CLONE_INTO_CGROUP, as the wrapper
+// starts a job); the caller kills and reaps it.
+func sleepIn(t *testing.T, g *Group) *exec.Cmd {
+	t.Helper()
+	c := exec.Command("sleep", "300")
+	c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: g.FD()}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Procs lists the processes started into a run's cgroup (CLONE_INTO_CGROUP,
+// as the wrapper starts a job), none once they are dead, and nothing,
+// without an error, for a cgroup that is gone.
+func TestProcsListsMembers(t *testing.T) {
+	g := testGroup(t, "procs-test")
 	var want []int
 	var cmds []*exec.Cmd
 	for i := 0; i < 3; i++ {
-		c := exec.Command("sleep", "300")
-		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: g.FD()}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
+		c := sleepIn(t, g)
 		cmds = append(cmds, c)
 		want = append(want, c.Process.Pid)
 	}
@@ -88,23 +106,11 @@ func TestProcsListsMembers(t *testing.T) {
 // exited even while its zombie is not reaped yet, and 0 for a cgroup that
 // is gone.
 func TestPopulated(t *testing.T) {
-	g, err := Create(fmt.Sprintf("populated-test.%d", os.Getpid()))
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("cannot create a cgroup here: %v", err)
-		}
-		t.Skipf("cannot create a cgroup here: %v", err)
-	}
-	defer g.Close()
-	defer Remove(g.Path)
+	g := testGroup(t, "populated-test")
 	if p, err := Populated(g.Path); err != nil || p {
 		t.Fatalf("a new cgroup: Populated = %v, %v; want false", p, err)
 	}
-	c := exec.Command("sleep", "300")
-	c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: g.FD()}
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
+	c := sleepIn(t, g)
 	defer func() { c.Process.Kill(); c.Wait() }()
 	if p, err := Populated(g.Path); err != nil || !p {
 		t.Fatalf("with a live member: Populated = %v, %v; want true", p, err)

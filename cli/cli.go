@@ -184,6 +184,23 @@ func (e *Env) parse(fs *pflag.FlagSet, args []string) (code int, ok bool) {
 	return 0, true
 }
 
+// parseWord is parse for a word of a command (`ledger show`): a word is
+// not in the command table, so its --help prints the word's own synopsis,
+// summary, help and exit codes.
+func (e *Env) parseWord(fs *pflag.FlagSet, args []string, synopsis, summary, help, exits string) (code int, ok bool) {
+	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
+		fmt.Fprintf(e.Stdout, "usage: agent-wrap %s\n\n%s\n\n%s\n\nflags:\n", synopsis, summary, help)
+		printFlags(e.Stdout, fs)
+		fmt.Fprintf(e.Stdout, "\nexit: %s\n", exits)
+		return ExitOK, false
+	} else if err != nil {
+		e.errorf("%s: %v", fs.Name(), err)
+		e.hint("see 'agent-wrap %s --help'", fs.Name())
+		return ExitUsage, false
+	}
+	return 0, true
+}
+
 // openRoot resolves and opens the run root, creating it when create is set.
 // Errors are printed; the second result is the exit code to return.
 func (e *Env) openRoot(create bool) (*rundir.Root, int) {
@@ -212,4 +229,25 @@ func (e *Env) openRoot(create bool) (*rundir.Root, int) {
 		return nil, ExitFailure
 	}
 	return r, 0
+}
+
+// allRuns opens the root (never creating it) and lists its runs, for a
+// command over every run (list, gc, reconcile --all), to which no root yet
+// is no runs. Errors are printed. A nil root comes with the exit code to
+// return: 0 when there is no root.
+func (e *Env) allRuns() (*rundir.Root, []string, int) {
+	root, code := e.openRoot(false)
+	if root == nil {
+		if code == ExitNoRun {
+			return nil, nil, ExitOK // no root yet: no runs
+		}
+		return nil, nil, code
+	}
+	ids, err := root.List()
+	if err != nil {
+		root.Close()
+		e.errorf("%v", err)
+		return nil, nil, ExitFailure
+	}
+	return root, ids, 0
 }

@@ -61,19 +61,11 @@ func runGC(e *Env, args []string) int {
 	if !fs.Changed("older-than") {
 		return e.usageError("gc needs --older-than D: how long ago a run must have ended to be deleted")
 	}
-	root, code := e.openRoot(false)
+	root, ids, code := e.allRuns()
 	if root == nil {
-		if code == ExitNoRun {
-			return ExitOK // no root: nothing to collect
-		}
 		return code
 	}
 	defer root.Close()
-	ids, err := root.List()
-	if err != nil {
-		e.errorf("%v", err)
-		return ExitFailure
-	}
 	exit := ExitOK
 	cutoff := time.Now().Add(-time.Duration(older.durationValue))
 	for _, id := range ids {

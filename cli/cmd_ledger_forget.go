@@ -4,11 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/spf13/pflag"
-
 	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/ledger"
-	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
 // `ledger forget` retires a run the ledger still calls launching: one no
@@ -37,25 +34,14 @@ func runLedgerForget(e *Env, args []string) int {
 	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	fs.SetInterspersed(true)
 	_ = fs.MarkHidden("root")
-	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
-		fmt.Fprintf(e.Stdout, "usage: agent-wrap %s\n\n%s\n\n%s\n\nflags:\n", ledgerForgetSynopsis, "retire a run that never launched", ledgerForgetHelp)
-		printFlags(e.Stdout, fs)
-		fmt.Fprintf(e.Stdout, "\nexit: %s\n", ledgerForgetExits)
-		return ExitOK
-	} else if err != nil {
-		e.errorf("ledger forget: %v", err)
-		e.hint("see 'agent-wrap ledger forget --help'")
-		return ExitUsage
+	if code, ok := e.parseWord(fs, args, ledgerForgetSynopsis, "retire a run that never launched", ledgerForgetHelp, ledgerForgetExits); !ok {
+		return code
 	}
 	if fs.NArg() == 0 {
 		return e.usageError("ledger forget needs a RUN_ID")
 	}
-	for _, id := range fs.Args() {
-		if err := rundir.ValidID(id); err != nil {
-			e.errorf("%v", err)
-			e.hint("run IDs match %s", rundir.IDPattern)
-			return ExitUsage
-		}
+	if code := e.checkIDs(fs.Args()...); code != 0 {
+		return code
 	}
 	l, code := e.openLedger(*ledgerDir, false)
 	if l == nil {

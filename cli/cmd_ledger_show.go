@@ -8,8 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/pflag"
-
 	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -51,24 +49,15 @@ func runLedgerShow(e *Env, args []string) int {
 	ledgerDir := fs.String("ledger", "", ledgerFlagUsage)
 	fs.SetInterspersed(true)
 	_ = fs.MarkHidden("root")
-	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
-		fmt.Fprintf(e.Stdout, "usage: agent-wrap %s\n\n%s\n\n%s\n\nflags:\n", ledgerShowSynopsis, "one run as the ledger holds it, then its host's timeline of it", ledgerShowHelp)
-		printFlags(e.Stdout, fs)
-		fmt.Fprintf(e.Stdout, "\nexit: %s\n", ledgerShowExits)
-		return ExitOK
-	} else if err != nil {
-		e.errorf("ledger show: %v", err)
-		e.hint("see 'agent-wrap ledger show --help'")
-		return ExitUsage
+	if code, ok := e.parseWord(fs, args, ledgerShowSynopsis, "one run as the ledger holds it, then its host's timeline of it", ledgerShowHelp, ledgerShowExits); !ok {
+		return code
 	}
 	if fs.NArg() != 1 {
 		return e.usageError("ledger show takes one RUN_ID")
 	}
 	id := fs.Arg(0)
-	if err := rundir.ValidID(id); err != nil {
-		e.errorf("%v", err)
-		e.hint("run IDs match %s", rundir.IDPattern)
-		return ExitUsage
+	if code := e.checkIDs(id); code != 0 {
+		return code
 	}
 	l, code := e.openLedger(*ledgerDir, false)
 	if l == nil {

@@ -66,19 +66,11 @@ func runList(e *Env, args []string) int {
 	if fs.NArg() != 0 {
 		return e.usageError("list takes no arguments")
 	}
-	root, code := e.openRoot(false)
+	root, ids, code := e.allRuns()
 	if root == nil {
-		if code == ExitNoRun {
-			return ExitOK // no root yet: no runs
-		}
 		return code
 	}
 	defer root.Close()
-	ids, err := root.List()
-	if err != nil {
-		e.errorf("%v", err)
-		return ExitFailure
-	}
 	rows := listRows(root, ids)
 	// One write per 64 KiB, not one per run: a thousand runs listed to a
 	// file were a thousand write(2)s, as long as judging them.

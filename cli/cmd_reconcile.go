@@ -42,28 +42,20 @@ func runReconcile(e *Env, args []string) int {
 	case !*all && len(ids) == 0:
 		return e.usageError("reconcile needs a RUN_ID or --all")
 	}
-	for _, id := range ids {
-		if err := rundir.ValidID(id); err != nil {
-			e.errorf("%v", err)
-			e.hint("run IDs match %s", rundir.IDPattern)
-			return ExitUsage
-		}
+	if code := e.checkIDs(ids...); code != 0 {
+		return code
 	}
-	root, code := e.openRoot(false)
+	var root *rundir.Root
+	var code int
+	if *all {
+		root, ids, code = e.allRuns()
+	} else {
+		root, code = e.openRoot(false)
+	}
 	if root == nil {
-		if code == ExitNoRun && *all {
-			return ExitOK // no root yet: no runs, nothing to say
-		}
 		return code
 	}
 	defer root.Close()
-	if *all {
-		var err error
-		if ids, err = root.List(); err != nil {
-			e.errorf("%v", err)
-			return ExitFailure
-		}
-	}
 	exit, missing := ExitOK, false
 	enc := json.NewEncoder(e.Stdout)
 	enc.SetEscapeHTML(false)

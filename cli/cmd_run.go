@@ -193,10 +193,8 @@ func (e *Env) runArgs(fs *pflag.FlagSet, args []string) (id string, argv []strin
 		return "", nil, e.usageError("run needs a RUN_ID and a command")
 	}
 	id, rest := args[0], args[1:]
-	if err := rundir.ValidID(id); err != nil {
-		e.errorf("%v", err)
-		e.hint("run IDs match %s", rundir.IDPattern)
-		return "", nil, ExitUsage
+	if code := e.checkIDs(id); code != 0 {
+		return "", nil, code
 	}
 	if e.shortForm {
 		if near := nearCommands(id); len(near) > 0 {

@@ -42,12 +42,12 @@ func asUser(t *testing.T, bin string, args ...string) (int, string) {
 	return 0, ""
 }
 
-// agent-wrap's own failure before the job starts exits 125,
-// the message names what failed once (no "run r1: run r1:"), with its path,
-// and a hint says what to do. A read-only run root, and a root whose parent
-// cannot be made.
-func TestOwnFailureExits125(t *testing.T) {
-	base, err := os.MkdirTemp("", "aw-exit125-")
+// nobodysBinary makes a directory every account may enter (0755, outside
+// the test's own 0700 temporary directory, removed at cleanup) holding a
+// copy of the binary nobody can run, and returns both paths.
+func nobodysBinary(t *testing.T, prefix string) (base, bin string) {
+	t.Helper()
+	base, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,15 +55,23 @@ func TestOwnFailureExits125(t *testing.T) {
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// A copy of the binary the other account can run.
 	b, err := os.ReadFile(runtest.Binary(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(base, "agent-wrap")
+	bin = filepath.Join(base, "agent-wrap")
 	if err := os.WriteFile(bin, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return base, bin
+}
+
+// agent-wrap's own failure before the job starts exits 125,
+// the message names what failed once (no "run r1: run r1:"), with its path,
+// and a hint says what to do. A read-only run root, and a root whose parent
+// cannot be made.
+func TestOwnFailureExits125(t *testing.T) {
+	base, bin := nobodysBinary(t, "aw-exit125-")
 	ro := filepath.Join(base, "ro")
 	locked := filepath.Join(base, "locked")
 	for _, d := range []string{ro, locked} {

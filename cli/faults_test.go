@@ -67,8 +67,20 @@ func count(es []journal.Entry, event string) int {
 // runs, and SIGKILLs its wrapper: what is left is the job alone.
 func startOrphan(t *testing.T, root, id string, job ...string) (runtest.Run, *statusfile.Record) {
 	t.Helper()
-	c, r := startRun(t, root, id, append([]string{"--lease", "5m", "--grace", "1s", "--no-stream", id, "--"}, job...)...)
+	return orphanWith(t, root, id, []string{"--grace", "1s", "--no-stream"}, 0, job...)
+}
+
+// orphanWith is startOrphan with run flags of its own after the long
+// lease, and the job's processes to wait for (members, 0 for none) before
+// its wrapper is killed.
+func orphanWith(t *testing.T, root, id string, flags []string, members int, job ...string) (runtest.Run, *statusfile.Record) {
+	t.Helper()
+	args := append(append([]string{"--lease", "5m"}, flags...), id, "--")
+	c, r := startRun(t, root, id, append(args, job...)...)
 	rec := r.WaitState(t, statusfile.Running)
+	if members > 0 {
+		runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == members })
+	}
 	killWrapper(t, c, rec)
 	if len(runtest.GroupOf(rec.PGID, rec.LeaderStart)) == 0 {
 		t.Fatal("the job did not outlive its wrapper")

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,52 +24,17 @@ import (
 func TestRunFilesDeadlineWithFirstRecord(t *testing.T) {
 	root := runtest.NewRoot(t)
 	const n = 20
-	var stop atomic.Bool
-	var seen, bad atomic.Int64
-	var firstBad atomic.Value
-	var wg sync.WaitGroup
-	for i := 0; i < 2; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !stop.Load() {
-				for j := 0; j < n; j++ {
-					dir := filepath.Join(root, fmt.Sprintf("floor-%d", j))
-					if _, err := os.ReadFile(filepath.Join(dir, "status.json")); err != nil {
-						continue // no record yet: the run is not visible
-					}
-					seen.Add(1)
-					b, err := os.ReadFile(filepath.Join(dir, "deadline_epoch"))
-					if err == nil {
-						_, err = lease.ParseDeadline(b)
-					}
-					if err != nil {
-						bad.Add(1)
-						firstBad.CompareAndSwap(nil, fmt.Sprintf("floor-%d: %v", j, err))
-					}
-				}
+	churn(t, root, "floor", n, 2, 0, []string{"--lease", "60s"}, []string{"true"}, "no whole deadline",
+		func(id, dir string, _ []byte) error {
+			b, err := os.ReadFile(filepath.Join(dir, "deadline_epoch"))
+			if err == nil {
+				_, err = lease.ParseDeadline(b)
 			}
-		}()
-	}
-	var cmds []*runtest.Cmd
-	for j := 0; j < n; j++ {
-		id := fmt.Sprintf("floor-%d", j)
-		c, _ := startRun(t, root, id, "--no-stream", "--lease", "60s", id, "--", "true")
-		cmds = append(cmds, c)
-	}
-	for _, c := range cmds {
-		if code := c.Wait(t); code != 0 {
-			t.Errorf("exit %d: %s", code, c.Stderr.String())
-		}
-	}
-	stop.Store(true)
-	wg.Wait()
-	if bad.Load() > 0 {
-		t.Fatalf("%d of %d looks at a visible run found no whole deadline; first: %v", bad.Load(), seen.Load(), firstBad.Load())
-	}
-	if seen.Load() < n {
-		t.Fatalf("only %d looks at a visible run", seen.Load())
-	}
+			if err != nil {
+				return fmt.Errorf("%s: %v", id, err)
+			}
+			return nil
+		})
 
 	want := []string{"deadline_epoch", "events.jsonl", "pgid", "pid", "status.json", "stderr.log", "stdout.log"}
 	for j := 0; j < n; j++ {

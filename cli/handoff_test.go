@@ -10,7 +10,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/handoff"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/proc"
-	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 // The control socket takes registrations only from processes of the run:
@@ -21,16 +20,7 @@ import (
 // run, is e2e/nested_test.go.)
 func TestControlSocketRefusesOutsiders(t *testing.T) {
 	root := runtest.NewRoot(t)
-	r := runtest.Run{Root: root, ID: "ctl1"}
-	cleanupRun(t, r)
-	code, out, errOut := runtest.Exec(t, root, "run", "--detach", "--lease", "60s", "--grace", "1s", "ctl1", "--", "sleep", "300")
-	if code != 0 {
-		t.Fatalf("run --detach: exit %d: %s", code, errOut)
-	}
-	rec, err := statusfile.Parse([]byte(out))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, rec := startDetached(t, root, "ctl1", nil, "sleep", "300")
 	if rec.ControlSocket == "" || rec.HandoffGraceSeconds != 1 {
 		t.Fatalf("record: control_socket %q, handoff_grace_seconds %v; want a socket and the grace", rec.ControlSocket, rec.HandoffGraceSeconds)
 	}

@@ -49,6 +49,14 @@ func endLease(t *testing.T, root string, r runtest.Run) time.Time {
 	return time.Unix(deadlineOf(t, r), 0)
 }
 
+// expireLease ends r's lease (endLease) and waits until its deadline has
+// passed.
+func expireLease(t *testing.T, root string, r runtest.Run) {
+	t.Helper()
+	dl := endLease(t, root, r)
+	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
+}
+
 func deadlineOf(t *testing.T, r runtest.Run) int64 {
 	t.Helper()
 	dl, err := strconv.ParseInt(strings.TrimSpace(r.File("deadline_epoch")), 10, 64)
@@ -186,10 +194,8 @@ func TestPIDReuseLeftAlone(t *testing.T) {
 func TestRenewRacesWatchdog(t *testing.T) {
 	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "race", "--lease", "5m", "--grace", "1s", "race", "--", "sleep", "300")
-	rec := r.WaitState(t, statusfile.Running)
-	unix.Kill(rec.WrapperPID, unix.SIGKILL) // the watchdog, not the wrapper, must expire it
-	c.Wait(t)
+	// the watchdog, not the wrapper, must expire it
+	r, _ := orphanWith(t, root, "race", []string{"--grace", "1s"}, 0, "sleep", "300")
 	wd := runtest.Start(t, root, "watchdog", "--interval", "0.05s")
 	t.Cleanup(func() { wd.Process.Signal(unix.SIGTERM); wd.Wait(t) })
 
@@ -258,22 +264,15 @@ func TestRenewRacesWatchdog(t *testing.T) {
 func TestWatchdogSkipsBrokenRuns(t *testing.T) {
 	t.Parallel() // waits on processes, leases and graces, not the CPU
 	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "healthy", "--lease", "5m", "--grace", "1s", "healthy", "--", "sleep", "300")
-	rec := r.WaitState(t, statusfile.Running)
-	unix.Kill(rec.WrapperPID, unix.SIGKILL)
-	c.Wait(t)
-	c2, r2 := startRun(t, root, "nodeadline", "--lease", "5m", "nodeadline", "--", "sleep", "300")
-	rec2 := r2.WaitState(t, statusfile.Running)
-	unix.Kill(rec2.WrapperPID, unix.SIGKILL)
-	c2.Wait(t)
+	r, _ := orphanWith(t, root, "healthy", []string{"--grace", "1s"}, 0, "sleep", "300")
+	r2, rec2 := orphanWith(t, root, "nodeadline", nil, 0, "sleep", "300")
 	os.Remove(filepath.Join(r2.Dir(), "deadline_epoch"))
 	bad := filepath.Join(root, "corrupt")
 	os.Mkdir(bad, 0o700)
 	os.WriteFile(filepath.Join(bad, "status.json"), []byte(`{"schema":1,"run_id":"corr`), 0o600)
 	os.WriteFile(filepath.Join(bad, "deadline_epoch"), []byte("1\n"), 0o600)
 
-	dl := endLease(t, root, r)
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
+	expireLease(t, root, r)
 	code, out, stderr := aw(t, root, "watchdog", "--once")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)

@@ -38,26 +38,24 @@ func (e *Env) resolveLedger(flag string) (string, int) {
 // database is connected to at once. Errors are printed; the second result is the
 // exit code to return.
 func (e *Env) openLedger(flag string, create bool) (ledger.Store, int) {
-	where, code := e.resolveLedger(flag)
-	if code != 0 {
-		return nil, code
-	}
-	l, err := ledger.Open(e.Ctx, where, create)
-	if err != nil {
-		return nil, e.ledgerError(err)
-	}
-	return l, 0
+	return e.openLedgerWith(flag, func(where string) (ledger.Store, error) { return ledger.Open(e.Ctx, where, create) })
 }
 
 // openControllerLedger opens the ledger for `ssh`: a directory is made if
 // missing; a database is connected to at the first write (and again after
 // the connection breaks), so that one away at the start is retried.
 func (e *Env) openControllerLedger(flag string) (ledger.Store, int) {
+	return e.openLedgerWith(flag, func(where string) (ledger.Store, error) { return ledger.OpenForController(e.Ctx, where) })
+}
+
+// openLedgerWith resolves the ledger and opens it with open; errors are
+// printed, the second result is the exit code to return.
+func (e *Env) openLedgerWith(flag string, open func(where string) (ledger.Store, error)) (ledger.Store, int) {
 	where, code := e.resolveLedger(flag)
 	if code != 0 {
 		return nil, code
 	}
-	l, err := ledger.OpenForController(e.Ctx, where)
+	l, err := open(where)
 	if err != nil {
 		return nil, e.ledgerError(err)
 	}

@@ -149,6 +149,17 @@ func (s *stuck) wait(t *testing.T) int {
 	return s.cmd.ProcessState.ExitCode()
 }
 
+// orphanedPair starts runs a-long and b-short, with the graces long and
+// short, whose jobs (sh and a sleep) ignore TERM, and SIGKILLs both
+// wrappers: two orphans for a watchdog to stop.
+func orphanedPair(t *testing.T, root string, long, short time.Duration) (a, b runtest.Run) {
+	t.Helper()
+	job := []string{"sh", "-c", "trap '' TERM; sleep 300 & wait"}
+	a, _ = orphanWith(t, root, "a-long", []string{"--grace", long.String()}, 2, job...)
+	b, _ = orphanWith(t, root, "b-short", []string{"--grace", short.String()}, 2, job...)
+	return a, b
+}
+
 // endedWithin fails the test unless the run's final record was written no
 // later than bound after from.
 func endedWithin(t *testing.T, rec *statusfile.Record, from time.Time, bound time.Duration, what string) {
@@ -206,12 +217,8 @@ func TestStoppedLockHolderDelaysNoStop(t *testing.T) {
 	root := runtest.NewRoot(t)
 	const grace, interval = time.Second, time.Second
 	ca, a := startRun(t, root, "a-held", "--lease", "5m", "--grace", "1s", "a-held", "--", "sh", "-c", "sleep 300 & wait")
-	cb, b := startRun(t, root, "b-orphan", "--lease", "5m", "--grace", "1s", "b-orphan", "--", "sh", "-c", "sleep 300 & wait")
+	b, _ := orphanWith(t, root, "b-orphan", []string{"--grace", "1s"}, 2, "sh", "-c", "sleep 300 & wait")
 	a.WaitState(t, statusfile.Running)
-	rb := b.WaitState(t, statusfile.Running)
-	runtest.Eventually(t, "b-orphan's group populated", func() bool { return len(runtest.Members(rb.PGID)) == 2 })
-	unix.Kill(rb.WrapperPID, unix.SIGKILL)
-	cb.Wait(t)
 	wd := runtest.Start(t, root, "watchdog", "--interval", interval.String())
 
 	dlB := endLease(t, root, b)
@@ -385,13 +392,8 @@ func TestWokenCancelChangesNothing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := runtest.NewRoot(t)
-			c, r := startRun(t, root, "woken", "--lease", "5m", "--grace", "1s", "woken", "--", "sh", "-c", "sleep 300 & wait")
-			rec := r.WaitState(t, statusfile.Running)
-			runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-			unix.Kill(rec.WrapperPID, unix.SIGKILL)
-			c.Wait(t)
-			dl := endLease(t, root, r)
-			runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
+			r, rec := orphanWith(t, root, "woken", []string{"--grace", "1s"}, 2, "sh", "-c", "sleep 300 & wait")
+			expireLease(t, root, r)
 			s := stoppedHolding(t, root, r, stopAt("fsync", false, ""), "cancel", "woken")
 			if tc.record {
 				s.cont(t)
@@ -458,13 +460,8 @@ func TestWokenCancelChangesNothing(t *testing.T) {
 func TestWatchdogCompletesAJournalAKilledHolderKept(t *testing.T) {
 	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
-	c, r := startRun(t, root, "kept", "--lease", "5m", "--grace", "1s", "kept", "--", "sh", "-c", "sleep 300 & wait")
-	rec := r.WaitState(t, statusfile.Running)
-	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-	unix.Kill(rec.WrapperPID, unix.SIGKILL)
-	c.Wait(t)
-	dl := endLease(t, root, r)
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
+	r, _ := orphanWith(t, root, "kept", []string{"--grace", "1s"}, 2, "sh", "-c", "sleep 300 & wait")
+	expireLease(t, root, r)
 	s := stoppedHolding(t, root, r, stopAt("fsync", false, ""), "cancel", "kept")
 
 	code, out, errOut := aw(t, root, "watchdog", "--once")
@@ -501,18 +498,7 @@ func TestWatchdogStopsRunsSideBySide(t *testing.T) {
 	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	const long, short = 15 * time.Second, time.Second
-	job := []string{"--", "sh", "-c", "trap '' TERM; sleep 300 & wait"}
-	ca, a := startRun(t, root, "a-long", append([]string{"--lease", "5m", "--grace", long.String(), "a-long"}, job...)...)
-	cb, b := startRun(t, root, "b-short", append([]string{"--lease", "5m", "--grace", short.String(), "b-short"}, job...)...)
-	for _, x := range []struct {
-		c *runtest.Cmd
-		r runtest.Run
-	}{{ca, a}, {cb, b}} {
-		rec := x.r.WaitState(t, statusfile.Running)
-		runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-		unix.Kill(rec.WrapperPID, unix.SIGKILL)
-		x.c.Wait(t)
-	}
+	a, b := orphanedPair(t, root, long, short)
 	dl := endLease(t, root, a)
 	if d := endLease(t, root, b); d.After(dl) {
 		dl = d
@@ -660,13 +646,8 @@ func TestStoppedWatchdogIsPassedOver(t *testing.T) {
 		return err == nil && st.State == 'T'
 	})
 
-	c, r := startRun(t, root, "orphan", "--lease", "5m", "--grace", "1s", "orphan", "--", "sh", "-c", "sleep 300 & wait")
-	rec := r.WaitState(t, statusfile.Running)
-	runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-	unix.Kill(rec.WrapperPID, unix.SIGKILL)
-	c.Wait(t)
-	dl := endLease(t, root, r)
-	runtest.Eventually(t, "the deadline to pass", func() bool { return time.Now().After(dl) })
+	r, _ := orphanWith(t, root, "orphan", []string{"--grace", "1s"}, 2, "sh", "-c", "sleep 300 & wait")
+	expireLease(t, root, r)
 
 	code, out, errOut := aw(t, root, "watchdog", "--once")
 	if code != 0 || actions(t, out)["orphan"].Action != "stopped" {
@@ -685,18 +666,7 @@ func TestWatchdogServiceLooksOnDuringALongStop(t *testing.T) {
 	t.Parallel() // waits on leases and graces, not the CPU
 	root := runtest.NewRoot(t)
 	const long, short, interval = 15 * time.Second, time.Second, time.Second
-	job := []string{"--", "sh", "-c", "trap '' TERM; sleep 300 & wait"}
-	ca, a := startRun(t, root, "a-long", append([]string{"--lease", "5m", "--grace", long.String(), "a-long"}, job...)...)
-	cb, b := startRun(t, root, "b-short", append([]string{"--lease", "5m", "--grace", short.String(), "b-short"}, job...)...)
-	for _, x := range []struct {
-		c *runtest.Cmd
-		r runtest.Run
-	}{{ca, a}, {cb, b}} {
-		rec := x.r.WaitState(t, statusfile.Running)
-		runtest.Eventually(t, "group populated", func() bool { return len(runtest.Members(rec.PGID)) == 2 })
-		unix.Kill(rec.WrapperPID, unix.SIGKILL)
-		x.c.Wait(t)
-	}
+	a, b := orphanedPair(t, root, long, short)
 	wd := runtest.Start(t, root, "watchdog", "--interval", interval.String())
 	endLease(t, root, a)
 	a.WaitState(t, statusfile.Cancelling) // the watchdog is in a-long's grace

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/agent-wrap/agent-wrap/internal/runtest"
 )
 
 // A run directory in your root that another user owns is refused with 78,
@@ -20,22 +18,7 @@ func TestOtherUsersRunDirNamesTheOwner(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test makes directories owned by another user: run it as root")
 	}
-	base, err := os.MkdirTemp("", "aw-otheruser-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	if err := os.Chmod(base, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(runtest.Binary(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(base, "agent-wrap")
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	base, bin := nobodysBinary(t, "aw-otheruser-")
 	// nobody's root, holding two run directories of root's.
 	root := filepath.Join(base, "root")
 	if err := os.Mkdir(root, 0o700); err != nil {

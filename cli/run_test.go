@@ -157,30 +157,54 @@ func pseudoRandom(n int) []byte {
 func TestStatusAlwaysValidUnderChurn(t *testing.T) {
 	root := runtest.NewRoot(t)
 	const n = 30
+	churn(t, root, "churn", n, 1, 200*time.Microsecond, nil, []string{"sh", "-c", "exit 0"}, "no valid record",
+		func(_, _ string, status []byte) error {
+			if _, err := statusfile.Parse(status); err != nil {
+				return fmt.Errorf("%v: %q", err, status)
+			}
+			return nil
+		})
+}
+
+// churn starts n runs, PREFIX-0 on (`run --no-stream FLAGS ID -- JOB`),
+// and waits for each to exit 0, while readers goroutines look at every
+// run over and over, pausing between sweeps. A run is there to see once
+// its status.json is; look is given its ID, directory and status.json as
+// read, and says what is wrong with the run. The test fails if any look
+// found something wrong (what names it: "no valid record"), or if fewer
+// than n looks saw a run.
+func churn(t *testing.T, root, prefix string, n, readers int, pause time.Duration, flags, job []string, what string, look func(id, dir string, status []byte) error) {
+	t.Helper()
 	var stop atomic.Bool
-	var reads, bad atomic.Int64
+	var nSeen, nBad atomic.Int64
 	var firstBad atomic.Value
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for ; !stop.Load(); time.Sleep(200 * time.Microsecond) {
-			for j := 0; j < n; j++ {
-				b, err := os.ReadFile(filepath.Join(root, fmt.Sprintf("churn-%d", j), "status.json"))
-				if err != nil {
-					continue // not created yet
-				}
-				reads.Add(1)
-				if _, err := statusfile.Parse(b); err != nil {
-					bad.Add(1)
-					firstBad.CompareAndSwap(nil, fmt.Sprintf("%v: %q", err, b))
+	for i := 0; i < readers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ; !stop.Load(); time.Sleep(pause) {
+				for j := 0; j < n; j++ {
+					id := fmt.Sprintf("%s-%d", prefix, j)
+					dir := filepath.Join(root, id)
+					status, err := os.ReadFile(filepath.Join(dir, "status.json"))
+					if err != nil {
+						continue // not created yet
+					}
+					nSeen.Add(1)
+					if err := look(id, dir, status); err != nil {
+						nBad.Add(1)
+						firstBad.CompareAndSwap(nil, err.Error())
+					}
 				}
 			}
-		}
-	}()
+		}()
+	}
 	var cmds []*runtest.Cmd
 	for j := 0; j < n; j++ {
-		c, _ := startRun(t, root, fmt.Sprintf("churn-%d", j), "--no-stream", fmt.Sprintf("churn-%d", j), "--", "sh", "-c", "exit 0")
+		id := fmt.Sprintf("%s-%d", prefix, j)
+		args := append(append(append([]string{"--no-stream"}, flags...), id, "--"), job...)
+		c, _ := startRun(t, root, id, args...)
 		cmds = append(cmds, c)
 	}
 	for _, c := range cmds {
@@ -190,11 +214,11 @@ func TestStatusAlwaysValidUnderChurn(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	if bad.Load() > 0 {
-		t.Fatalf("%d of %d reads were not a valid record; first: %v", bad.Load(), reads.Load(), firstBad.Load())
+	if nBad.Load() > 0 {
+		t.Fatalf("%d of %d looks at a visible run found %s; first: %v", nBad.Load(), nSeen.Load(), what, firstBad.Load())
 	}
-	if reads.Load() < n {
-		t.Fatalf("only %d reads", reads.Load())
+	if nSeen.Load() < int64(n) {
+		t.Fatalf("only %d looks at a visible run", nSeen.Load())
 	}
 }
 

@@ -19,16 +19,27 @@ import (
 // record (with the control socket).
 func startFed(t *testing.T, root, id string, argv ...string) (runtest.Run, *statusfile.Record) {
 	t.Helper()
+	r, rec := startDetached(t, root, id, []string{"--stdin", "pipe"}, argv...)
+	if rec.ControlSocket == "" {
+		t.Fatalf("record %+v: no control socket", rec)
+	}
+	return r, rec
+}
+
+// startDetached starts `run --detach FLAGS --lease 60s --grace 1s ID --
+// argv` (its group killed at cleanup) and returns the record it printed.
+func startDetached(t *testing.T, root, id string, flags []string, argv ...string) (runtest.Run, *statusfile.Record) {
+	t.Helper()
 	r := runtest.Run{Root: root, ID: id}
 	cleanupRun(t, r)
-	args := append([]string{"run", "--detach", "--stdin", "pipe", "--lease", "60s", "--grace", "1s", id, "--"}, argv...)
+	args := append(append(append([]string{"run", "--detach"}, flags...), "--lease", "60s", "--grace", "1s", id, "--"), argv...)
 	code, out, errOut := runtest.Exec(t, root, args...)
 	if code != 0 {
-		t.Fatalf("run --detach --stdin pipe: exit %d: %s", code, errOut)
+		t.Fatalf("%v: exit %d: %s", args, code, errOut)
 	}
 	rec, err := statusfile.Parse([]byte(out))
-	if err != nil || rec.ControlSocket == "" {
-		t.Fatalf("record %q: %v, no control socket", out, err)
+	if err != nil {
+		t.Fatalf("record %q: %v", out, err)
 	}
 	return r, rec
 }
@@ -173,16 +184,7 @@ func TestStdinReaderGone(t *testing.T) {
 // goes on.
 func TestStdinNotFed(t *testing.T) {
 	root := runtest.NewRoot(t)
-	r := runtest.Run{Root: root, ID: "fed4"}
-	cleanupRun(t, r)
-	code, out, errOut := runtest.Exec(t, root, "run", "--detach", "--lease", "60s", "--grace", "1s", "fed4", "--", "sleep", "300")
-	if code != 0 {
-		t.Fatalf("run --detach: exit %d: %s", code, errOut)
-	}
-	rec, err := statusfile.Parse([]byte(out))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, rec := startDetached(t, root, "fed4", nil, "sleep", "300")
 	c, rep := dialStdin(t, rec, 0)
 	if c != nil || rep.OK || rep.Reason != handoff.ReasonNoStdin {
 		t.Errorf("feeder of a run without --stdin pipe: %+v, want refused no_stdin", rep)

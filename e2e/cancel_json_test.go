@@ -41,10 +41,7 @@ func TestCancelJSONOverSSH(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	const id = "cancel-json"
-	s := h.start(nil, "run", "--lease", "60s", "--grace", "2s", id, "--", "sh", "-c", treeJob)
-	runtest.Eventually(t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
-	r := h.waitRunning(id)
-	waitMembers(t, r.PGID, 3)
+	s, r, _ := h.startTree(id)
 
 	c := h.ssh("cancel", "--json", "--wait", "20s", id)
 	if c.code != 0 {

@@ -22,6 +22,17 @@ func waitMembers(t *testing.T, pgid, n int) []pstat {
 	return m
 }
 
+// startTree runs treeJob as run id over ssh (lease 60s, grace 2s) and
+// waits for its "started" line, its running record and its group's three
+// members, which it returns with the stream.
+func (h *harness) startTree(id string) (*stream, record, []pstat) {
+	h.t.Helper()
+	s := h.start(nil, "run", "--lease", "60s", "--grace", "2s", id, "--", "sh", "-c", treeJob)
+	runtest.Eventually(h.t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
+	r := h.waitRunning(id)
+	return s, r, waitMembers(h.t, r.PGID, 3)
+}
+
 // `cancel` over a second connection while the first streams:
 // the first connection ends with exit 143, the record says cancelled, and no
 // process of the group is left.
@@ -29,10 +40,7 @@ func TestCancelOverSecondConnection(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	const id = "cancel-second"
-	s := h.start(nil, "run", "--lease", "60s", "--grace", "2s", id, "--", "sh", "-c", treeJob)
-	runtest.Eventually(t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
-	r := h.waitRunning(id)
-	members := waitMembers(t, r.PGID, 3)
+	s, r, members := h.startTree(id)
 
 	if c := h.ssh("cancel", "--wait", "20s", id); c.code != 0 {
 		t.Errorf("cancel over a second connection: exit %d, want 0\nstdout: %s\nstderr: %s", c.code, c.stdout, c.stderr)
@@ -68,17 +76,11 @@ func TestCancelOverSecondConnection(t *testing.T) {
 func TestCancelLeavesOtherRunAlone(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	sa := h.start(nil, "run", "--lease", "60s", "--grace", "2s", "victim", "--", "sh", "-c", treeJob)
-	sb := h.start(nil, "run", "--lease", "60s", "--grace", "2s", "bystander", "--", "sh", "-c", treeJob)
-	runtest.Eventually(t, "both jobs' first lines", func() bool {
-		return strings.Contains(sa.stdout(), "started\n") && strings.Contains(sb.stdout(), "started\n")
-	})
-	ra, rb := h.waitRunning("victim"), h.waitRunning("bystander")
+	sa, ra, _ := h.startTree("victim")
+	sb, rb, bMembers := h.startTree("bystander")
 	if ra.PGID == rb.PGID || ra.SID == rb.SID {
 		t.Fatalf("the two runs share a group or session: %v / %v", ra, rb)
 	}
-	waitMembers(t, ra.PGID, 3)
-	bMembers := waitMembers(t, rb.PGID, 3)
 
 	if c := h.ssh("cancel", "--wait", "20s", "victim"); c.code != 0 {
 		t.Errorf("cancel victim: exit %d, want 0\nstderr: %s", c.code, c.stderr)

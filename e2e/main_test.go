@@ -49,6 +49,18 @@ import (
 // bin is the absolute path of the agent-wrap binary built by TestMain.
 var bin string
 
+// hostScript writes dir/agent-wrap, a remote agent-wrap for a host that
+// misbehaves: a shell script that runs first (shell lines, each ending
+// in a newline, the arguments in "$@"), then execs the real binary.
+func hostScript(t testing.TB, dir, first string) string {
+	t.Helper()
+	path := filepath.Join(dir, "agent-wrap")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+first+"exec "+bin+" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // waitLong bounds every wait on a condition: generous, because the machines
 // running these tests are shared and every ssh login runs the remote user's
 // shell startup files.

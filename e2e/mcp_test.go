@@ -62,26 +62,9 @@ type mcpClient struct {
 	t        *testing.T
 	cs       *mcp.ClientSession
 	cmd      *exec.Cmd
-	stderr   lockedBuf
+	stderr   runtest.Buffer
 	mu       sync.Mutex
 	progress map[string][]float64 // by progress token
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // connectMCP starts `agent-wrap args...` as an MCP server and connects
@@ -411,6 +394,17 @@ func TestMCPGoClient(t *testing.T) {
 	}
 }
 
+// wantCancelledAndSettled waits for run id's final record on the host,
+// cancelled by a cancel (143), then checks its tree is gone and waits for
+// the ledger to settle it the same.
+func (c *ctlHarness) wantCancelledAndSettled(id string) {
+	c.t.Helper()
+	wantFinal(c.t, c.waitTerminal(id), "cancelled", "cancel", 143)
+	c.treeGone(id)
+	runtest.Eventually(c.t, "the ledger settled", func() bool { return c.ledgerRec(id).State == ledger.Settled })
+	c.wantSettled(id, "cancelled", "cancel", 143)
+}
+
 // TestMCPAbortedCall: the client cancels its run request (ctx, which the Go
 // client sends as notifications/cancelled): the run is cancelled on the
 // host, its tree gone, its host record and ledger say cancelled, within
@@ -433,11 +427,8 @@ func testMCPAbortedCall(t *testing.T, c *ctlHarness) {
 	start := time.Now()
 	cancel()
 	<-done
-	wantFinal(t, c.waitTerminal("abort"), "cancelled", "cancel", 143)
-	c.treeGone("abort")
-	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("abort").State == ledger.Settled })
+	c.wantCancelledAndSettled("abort")
 	took := time.Since(start)
-	c.wantSettled("abort", "cancelled", "cancel", 143)
 	if r := c.ledgerRec("abort"); !r.CancelRequested {
 		t.Errorf("ledger: cancel_requested not recorded: %+v", r)
 	}
@@ -471,10 +462,7 @@ func testMCPAbortedCall(t *testing.T, c *ctlHarness) {
 	runtest.Eventually(t, "a progress notification of the wait", func() bool { return len(k.progressOf("tok-wait")) > 0 })
 	cancel2()
 	<-done
-	wantFinal(t, c.waitTerminal("abort-wait"), "cancelled", "cancel", 143)
-	c.treeGone("abort-wait")
-	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("abort-wait").State == ledger.Settled })
-	c.wantSettled("abort-wait", "cancelled", "cancel", 143)
+	c.wantCancelledAndSettled("abort-wait")
 }
 
 // TestMCPClientGone: two clients at once on one ledger, each with its own
@@ -644,10 +632,7 @@ func TestMCPUnreachableAndSignalled(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	wantFinal(t, c.waitTerminal("termed"), "cancelled", "cancel", 143)
-	c.treeGone("termed")
-	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("termed").State == ledger.Settled })
-	c.wantSettled("termed", "cancelled", "cancel", 143)
+	c.wantCancelledAndSettled("termed")
 	runtest.Eventually(t, "the server to exit", func() bool { return !proc.Alive(pid, 0) })
 }
 
@@ -711,7 +696,7 @@ func TestMCPGoClientKilled(t *testing.T) {
 	})
 	helper := exec.Command(os.Args[0])
 	helper.Env = append(os.Environ(), mcpClientEnv+"="+string(spec), "AGENT_WRAP_MUX_DIR="+muxDirFor(t))
-	var errb lockedBuf
+	var errb runtest.Buffer
 	helper.Stderr = &errb
 	in, _ := helper.StdinPipe()
 	out, _ := helper.StdoutPipe()
@@ -749,10 +734,7 @@ func TestMCPGoClientKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = helper.Wait()
-	wantFinal(t, c.waitTerminal("go-killed"), "cancelled", "cancel", 143)
-	c.treeGone("go-killed")
-	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("go-killed").State == ledger.Settled })
-	c.wantSettled("go-killed", "cancelled", "cancel", 143)
+	c.wantCancelledAndSettled("go-killed")
 	runtest.Eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 }
 
@@ -776,7 +758,7 @@ func TestMCPParentGone(t *testing.T) {
 	parent := exec.Command("sh", append([]string{"-c", `exec 3<&0; "$@" <&3 3<&- & wait`, "sh", bin}, c.mcpArgs()...)...)
 	parent.Env = append(os.Environ(), "AGENT_WRAP_MUX_DIR="+muxDirFor(t))
 	parent.Stdin = inR
-	var errb lockedBuf
+	var errb runtest.Buffer
 	parent.Stderr = &errb
 	out, err := parent.StdoutPipe()
 	if err != nil {
@@ -811,10 +793,7 @@ func TestMCPParentGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = parent.Wait()
-	wantFinal(t, c.waitTerminal("orphaned"), "cancelled", "cancel", 143)
-	c.treeGone("orphaned")
-	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("orphaned").State == ledger.Settled })
-	c.wantSettled("orphaned", "cancelled", "cancel", 143)
+	c.wantCancelledAndSettled("orphaned")
 	if by := c.cancelBy("orphaned"); by != "mcp:exit" {
 		t.Errorf("cancel_requested by %q, want mcp:exit", by)
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
-	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
 
@@ -31,7 +30,7 @@ type tsClient struct {
 	in      io.WriteCloser
 	mu      sync.Mutex
 	answers map[string]chan map[string]any // by call ID; "list", "ready"
-	stderr  lockedBuf
+	stderr  runtest.Buffer
 }
 
 // npmCache is where .ci/deps installs the TypeScript SDK.
@@ -193,10 +192,7 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	if e, _ := k.await("c2")["error"].(string); e == "" {
 		t.Errorf("the aborted call did not fail on the client")
 	}
-	wantFinal(t, c.waitTerminal("ts-abort"), "cancelled", "cancel", 143)
-	c.treeGone("ts-abort")
-	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("ts-abort").State == ledger.Settled })
-	c.wantSettled("ts-abort", "cancelled", "cancel", 143)
+	c.wantCancelledAndSettled("ts-abort")
 	t.Logf("abort confirmed on the host and in the ledger %v after it", time.Since(start))
 
 	// The client SIGKILLed with a run live: the server sees its stdin end,
@@ -212,9 +208,6 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	if err := k.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	wantFinal(t, c.waitTerminal("ts-killed"), "cancelled", "cancel", 143)
-	c.treeGone("ts-killed")
-	runtest.Eventually(t, "the ledger settled", func() bool { return c.ledgerRec("ts-killed").State == ledger.Settled })
-	c.wantSettled("ts-killed", "cancelled", "cancel", 143)
+	c.wantCancelledAndSettled("ts-killed")
 	runtest.Eventually(t, "the server to exit", func() bool { return !proc.Alive(serverPID, 0) })
 }

@@ -76,6 +76,23 @@ func (k *ctl) waitExit(t *testing.T, since time.Time) (int, time.Duration) {
 	return code, time.Since(since)
 }
 
+// termWithin SIGTERMs the controller and fails unless it exits with want
+// within bound; it returns when the TERM was sent.
+func (k *ctl) termWithin(t *testing.T, want int, bound time.Duration) time.Time {
+	t.Helper()
+	sent := time.Now()
+	k.signal(t, syscall.SIGTERM)
+	code, took := k.waitExit(t, sent)
+	t.Logf("TERM to exit: %v", took)
+	if code != want {
+		t.Errorf("exit %d, want %d\nstderr: %s", code, want, k.stderr())
+	}
+	if took > bound {
+		t.Errorf("TERM to exit took %v, want within %v", took, bound)
+	}
+	return sent
+}
+
 // A closed port and TERM at 2 s (mid-backoff, with the default --give-up
 // of minutes): the controller ends at once, 143, ledger not_started, and
 // the host never saw the run.
@@ -87,16 +104,8 @@ func TestSSHTermWhileHostRefuses(t *testing.T) {
 	k := c.start("refused", []string{"--rsh", rsh, "--lease", "120s"}, "true")
 	c.waitEvent("refused", "detached", 0)
 	time.Sleep(time.Until(began.Add(2 * time.Second))) // the moment of the scenario, not a wait on a condition
-	sent := time.Now()
-	k.signal(t, syscall.SIGTERM)
-	code, took := k.waitExit(t, sent)
-	t.Logf("TERM at %v to exit: %v", sent.Sub(began).Round(time.Millisecond), took)
-	if code != 143 {
-		t.Errorf("exit %d, want 143\nstderr: %s", code, k.stderr())
-	}
-	if took > 3*time.Second {
-		t.Errorf("TERM to exit took %v, want within 3 s", took)
-	}
+	sent := k.termWithin(t, 143, 3*time.Second)
+	t.Logf("TERM at %v", sent.Sub(began).Round(time.Millisecond))
 	c.wantNotStarted("refused", "cancelled before the launch")
 	if r := c.ledgerRec("refused"); !r.CancelRequested {
 		t.Errorf("ledger lost cancel_requested: %+v", r)
@@ -117,13 +126,7 @@ func (c *ctlHarness) heldLaunch(id string, hold func()) (*ctl, int) {
 	c.t.Helper()
 	dir := c.t.TempDir()
 	sent, gate := filepath.Join(dir, "sent"), filepath.Join(dir, "go")
-	script := filepath.Join(dir, "agent-wrap")
-	body := "#!/bin/sh\n" +
-		"case \" $* \" in *\" run --detach \"*) : > " + sent + "; while [ ! -e " + gate + " ]; do sleep 0.05; done;; esac\n" +
-		"exec " + bin + " \"$@\"\n"
-	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
-		c.t.Fatal(err)
-	}
+	script := hostScript(c.t, dir, "case \" $* \" in *\" run --detach \"*) : > "+sent+"; while [ ! -e "+gate+" ]; do sleep 0.05; done;; esac\n")
 	rsh := c.rsh("-o", "ServerAliveInterval=60")
 	k := c.start(id, []string{"--rsh", rsh, "--remote-bin", script, "--lease", "120s", "--grace", "2s"}, sleepTree...)
 	runtest.Eventually(c.t, "the launch's command on the host", func() bool { _, err := os.Stat(sent); return err == nil })
@@ -150,16 +153,7 @@ func TestSSHTermWhileLaunchHeld(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	k, client := c.heldLaunch("held", c.rl.Hold)
-	sent := time.Now()
-	k.signal(t, syscall.SIGTERM)
-	code, took := k.waitExit(t, sent)
-	t.Logf("TERM to exit: %v", took)
-	if code != 143 {
-		t.Errorf("exit %d, want 143\nstderr: %s", code, k.stderr())
-	}
-	if took > 10*time.Second {
-		t.Errorf("TERM to exit took %v, want within 10 s", took)
-	}
+	k.termWithin(t, 143, 10*time.Second)
 	wantFinal(t, c.waitTerminal("held"), "cancelled", "cancel", 143)
 	c.treeGone("held")
 	c.wantSettled("held", "cancelled", "cancel", 143)
@@ -179,16 +173,7 @@ func TestSSHTermWhileLaunchUnanswered(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
 	k, client := c.heldLaunch("unanswered", func() { c.rl.Blackhole(true) })
-	sent := time.Now()
-	k.signal(t, syscall.SIGTERM)
-	code, took := k.waitExit(t, sent)
-	t.Logf("TERM to exit: %v", took)
-	if code != 255 {
-		t.Errorf("exit %d, want 255\nstderr: %s", code, k.stderr())
-	}
-	if took > 10*time.Second {
-		t.Errorf("TERM to exit took %v, want within 10 s", took)
-	}
+	k.termWithin(t, 255, 10*time.Second)
 	for _, want := range []string{"outcome unknown", "may have reached", "agent-wrap settle unanswered"} {
 		if !strings.Contains(k.stderr(), want) {
 			t.Errorf("stderr lacks %q: %s", want, k.stderr())

@@ -180,13 +180,7 @@ func TestSSHHTTPGatewaySecretFromController(t *testing.T) {
 	// the controller asks, finds no run, launches again with the secret.
 	dir := t.TempDir()
 	tries := filepath.Join(dir, "tries")
-	script := filepath.Join(dir, "agent-wrap")
-	body := "#!/bin/sh\n" +
-		"case \" $* \" in *\" run --detach \"*) echo x >> " + tries + "; [ \"$(wc -l < " + tries + ")\" -gt 1 ] || exit 255;; esac\n" +
-		"exec " + bin + " \"$@\"\n"
-	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	script := hostScript(t, dir, "case \" $* \" in *\" run --detach \"*) echo x >> "+tries+"; [ \"$(wc -l < "+tries+")\" -gt 1 ] || exit 255;; esac\n")
 	job = []string{"sh", "-c", `curl -sS --fail --noproxy '*' "$AGENT_WRAP_HTTP_GH/again"`}
 	k = c.start("gw-retry", append([]string{"--remote-bin", script}, flags...), job...)
 	if code := k.wait(t); code != 0 {

@@ -447,13 +447,7 @@ func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
 func TestSSHHostWithoutAttach(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
-	old := filepath.Join(t.TempDir(), "old-agent-wrap")
-	script := "#!/bin/sh\n" +
-		"for a; do [ \"$a\" = attach ] && { echo 'agent-wrap: run: unknown flag: --from' >&2; exit 64; }; done\n" +
-		"exec " + bin + " \"$@\"\n"
-	if err := os.WriteFile(old, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	old := hostScript(t, t.TempDir(), "for a; do [ \"$a\" = attach ] && { echo 'agent-wrap: run: unknown flag: --from' >&2; exit 64; }; done\n")
 	// A job that ends at once, and one that is still running when the
 	// attach is refused (it ends when the test says).
 	gate := filepath.Join(t.TempDir(), "go")
@@ -489,13 +483,7 @@ func TestSSHHostWithoutAttach(t *testing.T) {
 func TestSSHHostWithoutCancelJSON(t *testing.T) {
 	t.Parallel()
 	c := newCtlHarness(t)
-	old := filepath.Join(t.TempDir(), "old-agent-wrap")
-	script := "#!/bin/sh\n" +
-		"case \" $* \" in *' cancel --json '*) echo 'agent-wrap: cancel: unknown flag: --json' >&2; exit 64;; esac\n" +
-		"exec " + bin + " \"$@\"\n"
-	if err := os.WriteFile(old, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	old := hostScript(t, t.TempDir(), "case \" $* \" in *' cancel --json '*) echo 'agent-wrap: cancel: unknown flag: --json' >&2; exit 64;; esac\n")
 	k := c.start("oldcancel", []string{"--remote-bin", old, "--lease", "120s"}, sleepTree...)
 	runtest.Eventually(t, "the job's first line", func() bool { return strings.Contains(k.stdout(), "started\n") })
 	c.waitRunning("oldcancel")

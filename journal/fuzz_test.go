@@ -5,13 +5,10 @@ package journal_test
 import (
 	"bytes"
 	"errors"
-	"os"
-	"path/filepath"
 	"regexp"
 	"testing"
 
 	"github.com/agent-wrap/agent-wrap/journal"
-	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
 var hexRE = regexp.MustCompile(`^([0-9a-f]{64})?$`)
@@ -115,16 +112,7 @@ func FuzzVerifyTamper(f *testing.F) {
 // realJournal writes a small journal with journal.Append, as a run does.
 func realJournal(tb testing.TB) []byte {
 	tb.Helper()
-	root, err := rundir.OpenRoot(filepath.Join(tb.TempDir(), "runs"), true)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer root.Close()
-	d, err := root.Create("fuzz-1")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer d.Close()
+	_, d := createRun(tb, tb.TempDir(), "fuzz-1")
 	for _, ev := range []struct {
 		name string
 		f    journal.Fields
@@ -139,9 +127,5 @@ func realJournal(tb testing.TB) []byte {
 			tb.Fatal(err)
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(d.Path, rundir.EventsFile))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return b
+	return events(tb, d)
 }

@@ -17,45 +17,44 @@ import (
 	"github.com/agent-wrap/agent-wrap/rundir"
 )
 
+// createRun makes the run root dir/runs and run id in it, both closed at
+// cleanup.
+func createRun(tb testing.TB, dir, id string) (*rundir.Root, *rundir.Dir) {
+	tb.Helper()
+	root, err := rundir.OpenRoot(filepath.Join(dir, "runs"), true)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { root.Close() })
+	d, err := root.Create(id)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	return root, d
+}
+
+// events is the run's journal file as it stands.
+func events(tb testing.TB, d *rundir.Dir) []byte {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(d.Path, rundir.EventsFile))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
 // A journal on a full file system: appends fail with ENOSPC, but no torn
 // line is ever left behind (the kernel may write part of a line before it
 // runs out of space), so the journal still verifies, and once space returns
 // appends chain on from the last whole line.
 func TestAppendOnFullDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs")
-	}
-	mnt := t.TempDir()
-	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
-		t.Skipf("cannot mount a tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
-	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	d, err := root.Create("full-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	mnt := runtest.Tmpfs(t, 64<<10)
+	_, d := createRun(t, mnt, "full-1")
 	if _, err := journal.Append(d, "created", journal.Fields{"pad": strings.Repeat("x", 3000)}, true); err != nil {
 		t.Fatal(err)
 	}
-	// Fill every free block.
-	filler := filepath.Join(mnt, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := bytes.Repeat([]byte{'f'}, 512)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			break
-		}
-	}
-	f.Close()
+	filler := runtest.Fill(t, mnt)
 	// Append until the space left in the journal's last block is gone too.
 	var failed error
 	for i := 0; i < 100 && failed == nil; i++ {
@@ -65,11 +64,7 @@ func TestAppendOnFullDisk(t *testing.T) {
 		t.Fatalf("appends on a full file system: %v, want ENOSPC", failed)
 	}
 	verify := func(when string) int {
-		b, err := os.ReadFile(filepath.Join(d.Path, rundir.EventsFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := journal.Verify(bytes.NewReader(b))
+		n, err := journal.Verify(bytes.NewReader(events(t, d)))
 		if err != nil {
 			t.Fatalf("%s: journal does not verify: %v (a torn line left behind by a failed append)", when, err)
 		}
@@ -94,16 +89,7 @@ func TestAppendOnFullDisk(t *testing.T) {
 // verifies. Without the reserve the first of them fails with ENOSPC.
 func TestReserveKeepsRoomForAStopOnAFullDisk(t *testing.T) {
 	mnt := runtest.Tmpfs(t, 256<<10)
-	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	d, err := root.Create("reserved")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	root, d := createRun(t, mnt, "reserved")
 	w, err := journal.Open(d)
 	if err != nil {
 		t.Fatal(err)
@@ -122,11 +108,7 @@ func TestReserveKeepsRoomForAStopOnAFullDisk(t *testing.T) {
 			t.Fatalf("line %d on a full disk: %v (the reserve did not hold)", i+2, err)
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(d.Path, rundir.EventsFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := journal.Verify(bytes.NewReader(b)); err != nil || n != 31 {
+	if n, err := journal.Verify(bytes.NewReader(events(t, d))); err != nil || n != 31 {
 		t.Fatalf("Verify: %d lines, %v", n, err)
 	}
 	// And a journal that reserved nothing fails at once: the test's disk is
@@ -145,16 +127,7 @@ func TestReserveKeepsRoomForAStopOnAFullDisk(t *testing.T) {
 // room for its stop's lines afterwards.
 func TestAppendsKeepTheReserve(t *testing.T) {
 	mnt := runtest.Tmpfs(t, 512<<10)
-	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	d, err := root.Create("topped")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	_, d := createRun(t, mnt, "topped")
 	w, err := journal.Open(d)
 	if err != nil {
 		t.Fatal(err)

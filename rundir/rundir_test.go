@@ -34,6 +34,18 @@ func newRoot(t *testing.T) *Root {
 	return r
 }
 
+// newJob is newRoot with the run "job" created in it, closed at cleanup.
+func newJob(t *testing.T) (*Root, *Dir) {
+	t.Helper()
+	r := newRoot(t)
+	d, err := r.Create("job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return r, d
+}
+
 func TestOpenRootRefusesUnsafe(t *testing.T) {
 	dir := t.TempDir()
 	real := filepath.Join(dir, "real")
@@ -76,12 +88,7 @@ func TestOpenRootRefusesUnsafe(t *testing.T) {
 }
 
 func TestCreateIsAClaim(t *testing.T) {
-	r := newRoot(t)
-	d, err := r.Create("job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	r, d := newJob(t)
 	if _, err := r.Create("job"); !errors.Is(err, ErrExists) {
 		t.Fatalf("second Create: %v, want ErrExists", err)
 	}
@@ -100,9 +107,7 @@ func TestCreateIsAClaim(t *testing.T) {
 // Files are never followed through symlinks or written through them, and
 // files writable by others are refused.
 func TestFilesNotFollowed(t *testing.T) {
-	r := newRoot(t)
-	d, _ := r.Create("job")
-	defer d.Close()
+	r, d := newJob(t)
 	outside := filepath.Join(t.TempDir(), "target")
 	os.WriteFile(outside, []byte("precious"), 0o600)
 	os.Symlink(outside, filepath.Join(d.Path, "status.json"))
@@ -128,9 +133,7 @@ func TestFilesNotFollowed(t *testing.T) {
 }
 
 func TestWriteAtomic(t *testing.T) {
-	r := newRoot(t)
-	d, _ := r.Create("job")
-	defer d.Close()
+	_, d := newJob(t)
 	for _, v := range []string{"one", "two"} {
 		if err := d.WriteAtomic("status.json", []byte(v), Durable); err != nil {
 			t.Fatal(err)
@@ -184,12 +187,7 @@ func TestTryLock(t *testing.T) {
 // it, and two opens of the run (two processes, in effect) exclude each
 // other, as do two goroutines sharing one Dir.
 func TestLockIsTheDirectory(t *testing.T) {
-	r := newRoot(t)
-	d, err := r.Create("job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	r, d := newJob(t)
 	other, err := r.Open("job")
 	if err != nil {
 		t.Fatal(err)
@@ -210,27 +208,7 @@ func TestLockIsTheDirectory(t *testing.T) {
 	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
 		t.Fatalf("tryLockShared on the same Dir while locked: %v, want ErrLocked", err)
 	}
-	got := make(chan struct{})
-	go func() {
-		u, err := other.Lock()
-		if err != nil {
-			t.Error(err)
-		} else {
-			u()
-		}
-		close(got)
-	}()
-	select {
-	case <-got:
-		t.Fatal("a second Lock got the lock while the first held it")
-	case <-time.After(100 * time.Millisecond):
-	}
-	unlock()
-	select {
-	case <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second Lock did not get the lock after unlock")
-	}
+	lockWaitsFor(t, other, unlock, "the first Lock")
 	// Shared holds coexist.
 	u1, err := d.tryLockShared()
 	if err != nil {
@@ -242,6 +220,32 @@ func TestLockIsTheDirectory(t *testing.T) {
 	}
 	u1()
 	u2()
+}
+
+// lockWaitsFor fails unless d.Lock, called now, waits while holder keeps
+// the lock (100 ms) and gets it once release has let it go (10 s).
+func lockWaitsFor(t *testing.T, d *Dir, release func(), holder string) {
+	t.Helper()
+	got := make(chan struct{})
+	go func() {
+		if u, err := d.Lock(); err != nil {
+			t.Error(err)
+		} else {
+			u()
+		}
+		close(got)
+	}()
+	select {
+	case <-got:
+		t.Fatalf("Lock got the lock while %s held it", holder)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Lock did not get the lock after %s let it go", holder)
+	}
 }
 
 // A run made by an agent-wrap that locked a `lock` file: Lock takes that
@@ -270,34 +274,13 @@ func TestLockTakesALegacyLockFile(t *testing.T) {
 	if _, err := d.tryLockShared(); !errors.Is(err, ErrLocked) {
 		t.Fatalf("tryLockShared while the old wrapper holds the lock file: %v, want ErrLocked", err)
 	}
-	got := make(chan struct{})
-	go func() {
-		if u, err := d.Lock(); err != nil {
-			t.Error(err)
-		} else {
-			u()
-		}
-		close(got)
-	}()
-	select {
-	case <-got:
-		t.Fatal("Lock did not wait for the holder of the lock file")
-	case <-time.After(100 * time.Millisecond):
-	}
-	unix.Flock(fd, unix.LOCK_UN)
-	select {
-	case <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Lock did not get the lock after the lock file was released")
-	}
+	lockWaitsFor(t, d, func() { unix.Flock(fd, unix.LOCK_UN) }, "the holder of the lock file")
 }
 
 // Visible fsyncs nothing and is still atomic; a failed replacement leaves
 // no temp file and the old content.
 func TestWriteAtomicVisibleAndFailure(t *testing.T) {
-	r := newRoot(t)
-	d, _ := r.Create("job")
-	defer d.Close()
+	_, d := newJob(t)
 	if err := d.WriteAtomic("deadline_epoch", []byte("5\n"), Visible); err != nil {
 		t.Fatal(err)
 	}

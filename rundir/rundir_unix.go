@@ -177,14 +177,9 @@ func badFile(st *unix.Stat_t) string {
 // List returns the IDs of the entries below the root that look like runs
 // (valid IDs), sorted. It does not open or check them.
 func (r *Root) List() ([]string, error) {
-	f, err := os.Open(r.Path)
+	names, err := readNames(r.Path)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", r.Path, err)
 	}
 	ids := names[:0]
 	for _, n := range names {
@@ -194,6 +189,21 @@ func (r *Root) List() ([]string, error) {
 	}
 	sort.Strings(ids)
 	return ids, nil
+}
+
+// readNames returns the names of the entries of the directory path, in
+// the directory's order.
+func readNames(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", path, err)
+	}
+	return names, nil
 }
 
 // Dir is an opened run directory. Its methods take file names (no slashes).
@@ -484,12 +494,7 @@ const staleTempAge = time.Minute
 // writer that is alive, even stopped, keeps its temp file. It returns the
 // names removed.
 func (d *Dir) RemoveStaleTemps(name string) ([]string, error) {
-	f, err := os.Open(d.Path)
-	if err != nil {
-		return nil, err
-	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
+	names, err := readNames(d.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -564,18 +569,13 @@ func (d *Dir) WriteOnce(name string, data []byte) error {
 // written since: its rename fails (ENOENT). Only a caller that knows that
 // writer to be stuck may do this.
 func (d *Dir) RemoveTemps(name string) ([]string, error) {
-	f, err := os.Open(d.Path)
+	names, err := readNames(d.Path)
 	if err != nil {
 		return nil, err
 	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", d.Path, err)
-	}
 	var removed []string
 	for _, n := range names {
-		if strings.HasPrefix(n, "."+name+".") {
+		if strings.HasPrefix(n, tempPrefix(name)) {
 			if err := d.Remove(n); err != nil {
 				return removed, err
 			}

@@ -45,30 +45,23 @@ func TestLoad(t *testing.T) {
 			for i := c; i < n; i += clients {
 				mine = append(mine, ids[i])
 			}
-			for _, id := range mine {
-				code, _, errs := aw(t, nil, "--root", root, "run", "--detach", "--lease", "900", "--grace", "2", id, "--", "sh", "-c", "sleep 3600 & wait")
-				if code != 0 {
-					t.Errorf("client %d: run --detach %s: exit %d: %s", c, id, code, errs)
-					continue
+			// step runs what for each of the client's runs, in turn,
+			// counting in done those that exit 0.
+			step := func(what string, done *atomic.Int64, argv func(id string) []string) {
+				for _, id := range mine {
+					code, _, errs := aw(t, nil, append([]string{"--root", root}, argv(id)...)...)
+					if code != 0 {
+						t.Errorf("client %d: %s %s: exit %d: %s", c, what, id, code, errs)
+						continue
+					}
+					done.Add(1)
 				}
-				started.Add(1)
 			}
-			for _, id := range mine {
-				code, _, errs := aw(t, nil, "--root", root, "renew", "--lease", "900", id)
-				if code != 0 {
-					t.Errorf("client %d: renew %s: exit %d: %s", c, id, code, errs)
-					continue
-				}
-				renewed.Add(1)
-			}
-			for _, id := range mine {
-				code, _, errs := aw(t, nil, "--root", root, "cancel", "--wait", "120s", id)
-				if code != 0 {
-					t.Errorf("client %d: cancel %s: exit %d: %s", c, id, code, errs)
-					continue
-				}
-				cancelled.Add(1)
-			}
+			step("run --detach", &started, func(id string) []string {
+				return []string{"run", "--detach", "--lease", "900", "--grace", "2", id, "--", "sh", "-c", "sleep 3600 & wait"}
+			})
+			step("renew", &renewed, func(id string) []string { return []string{"renew", "--lease", "900", id} })
+			step("cancel", &cancelled, func(id string) []string { return []string{"cancel", "--wait", "120s", id} })
 		}()
 	}
 	wg.Wait()

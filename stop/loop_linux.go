@@ -89,14 +89,7 @@ func (l Loop) Run(grace time.Duration) Result {
 		res.Stopped = pids(ms)
 		termed := map[proc.Identity]bool{}
 		term := func(ms []membership.Member, again bool) {
-			var fresh []membership.Member
-			for _, m := range ms {
-				if !termed[m.Identity] {
-					termed[m.Identity] = true
-					fresh = append(fresh, m)
-				}
-			}
-			if len(fresh) > 0 {
+			if fresh := unseen(termed, ms); len(fresh) > 0 {
 				l.Signal(unix.SIGTERM, fresh, again)
 			}
 		}
@@ -151,14 +144,7 @@ func (l Loop) prove(ms []membership.Member, swept bool) (left []membership.Membe
 			}
 			// A member KILLed already is dying or stuck in the kernel
 			// (state D): signalling it again changes nothing.
-			var fresh []membership.Member
-			for _, m := range ms {
-				if !killed[m.Identity] {
-					killed[m.Identity] = true
-					fresh = append(fresh, m)
-				}
-			}
-			if len(fresh) > 0 {
+			if fresh := unseen(killed, ms); len(fresh) > 0 {
 				l.Signal(unix.SIGSTOP, fresh, again)
 				l.Signal(unix.SIGKILL, fresh, again)
 				again = true
@@ -254,4 +240,17 @@ func PollWake(ms []membership.Member, d time.Duration) bool {
 	}
 	n, err := unix.Poll(fds, max(int(d/time.Millisecond), 1))
 	return err == nil && n > 0 || err == unix.EINTR
+}
+
+// unseen returns the members of ms not in seen, and adds them to it: the
+// ones a signal has not been sent to yet.
+func unseen(seen map[proc.Identity]bool, ms []membership.Member) []membership.Member {
+	var fresh []membership.Member
+	for _, m := range ms {
+		if !seen[m.Identity] {
+			seen[m.Identity] = true
+			fresh = append(fresh, m)
+		}
+	}
+	return fresh
 }

@@ -63,6 +63,15 @@ func (s *notifySocket) recv(d time.Duration) string {
 	}
 }
 
+// expect fails the test unless the next notification, within the tests'
+// patience, is want; what names it in the failure.
+func (s *notifySocket) expect(want, what string) {
+	s.t.Helper()
+	if got := s.recv(runtest.Patience); got != want {
+		s.t.Fatalf("%s %q, want %s", what, got, want)
+	}
+}
+
 // until reads notifications, each of which must be WATCHDOG=1, until want
 // arrives.
 func (s *notifySocket) until(want string) {
@@ -139,13 +148,9 @@ func TestServeStopsExpiredRun(t *testing.T) {
 	sock := newNotifySocket(t)
 	var out, diag runtest.Buffer
 	stop := serve(t, openRoot(t, rootPath), watchdog.ServeOptions{Interval: 50 * time.Millisecond, Out: &out, Options: watchdog.Options{Diag: &diag}}, sock.n)
-	if got := sock.recv(runtest.Patience); got != "READY=1" {
-		t.Fatalf("first notification %q, want READY=1", got)
-	}
+	sock.expect("READY=1", "first notification")
 	for i := 0; i < 4; i++ { // passes while the lease holds
-		if got := sock.recv(runtest.Patience); got != "WATCHDOG=1" {
-			t.Fatalf("notification %q, want WATCHDOG=1", got)
-		}
+		sock.expect("WATCHDOG=1", "notification")
 	}
 	if out.Len() != 0 || len(runtest.Members(rec.PGID)) != 2 {
 		t.Fatalf("the watchdog acted before the deadline: %q, group %v", out.String(), runtest.Members(rec.PGID))
@@ -184,13 +189,9 @@ func TestServePingsAsOftenAsAsked(t *testing.T) {
 	sock := newNotifySocket(t)
 	sock.n.WatchdogInterval = 50 * time.Millisecond
 	stop := serve(t, openRoot(t, runtest.NewRoot(t)), watchdog.ServeOptions{Interval: time.Hour}, sock.n)
-	if got := sock.recv(runtest.Patience); got != "READY=1" {
-		t.Fatalf("first notification %q, want READY=1", got)
-	}
+	sock.expect("READY=1", "first notification")
 	for i := 0; i < 5; i++ {
-		if got := sock.recv(runtest.Patience); got != "WATCHDOG=1" {
-			t.Fatalf("notification %q, want WATCHDOG=1", got)
-		}
+		sock.expect("WATCHDOG=1", "notification")
 	}
 	if err := stop(); err != nil {
 		t.Errorf("Serve = %v, want nil", err)
@@ -228,12 +229,8 @@ func TestServeWaitsForTheLock(t *testing.T) {
 		sock := newNotifySocket(t)
 		var diag runtest.Buffer
 		stop := serve(t, root, watchdog.ServeOptions{Interval: time.Hour, Options: watchdog.Options{Diag: &diag}}, sock.n)
-		if got := sock.recv(runtest.Patience); got != "READY=1" {
-			t.Fatalf("first notification %q, want READY=1", got)
-		}
-		if got := sock.recv(runtest.Patience); got != "WATCHDOG=1" {
-			t.Fatalf("notification %q while waiting, want WATCHDOG=1", got)
-		}
+		sock.expect("READY=1", "first notification")
+		sock.expect("WATCHDOG=1", "notification while waiting")
 		if err := stop(); err != nil {
 			t.Errorf("Serve = %v, want nil", err)
 		}
@@ -256,13 +253,9 @@ func TestServeWaitsForTheLock(t *testing.T) {
 		sock := newNotifySocket(t)
 		var diag runtest.Buffer
 		stop := serve(t, root, watchdog.ServeOptions{Interval: time.Hour, Options: watchdog.Options{Diag: &diag}}, sock.n)
-		if got := sock.recv(runtest.Patience); got != "READY=1" {
-			t.Fatalf("first notification %q, want READY=1", got)
-		}
+		sock.expect("READY=1", "first notification")
 		for i := 0; i < 2; i++ { // a ping a second while it waits
-			if got := sock.recv(runtest.Patience); got != "WATCHDOG=1" {
-				t.Fatalf("notification %q while waiting, want WATCHDOG=1", got)
-			}
+			sock.expect("WATCHDOG=1", "notification while waiting")
 		}
 		unlock()
 		runtest.Eventually(t, "the service to take the lock", func() bool {

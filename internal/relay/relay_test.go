@@ -40,24 +40,49 @@ func roundTrip(t *testing.T, c net.Conn, r *bufio.Reader, msg string, within tim
 	return err
 }
 
-func TestRelayCutAndBlackhole(t *testing.T) {
-	rl := Start(t, echo(t))
-	c, err := net.Dial("tcp", rl.Addr())
+// dial connects to addr and checks one round trip of msg through it; what
+// names the connection in a failure. The connection is closed at cleanup.
+func dial(t *testing.T, addr, msg, what string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	r := bufio.NewReader(c)
-	if err := roundTrip(t, c, r, "one", 10*time.Second); err != nil {
-		t.Fatalf("through the relay: %v", err)
+	if err := roundTrip(t, c, r, msg, 10*time.Second); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
+	return c, r
+}
+
+// silent fails unless msg sent on c gets no answer within 300 ms (a
+// timeout, the connection still open); what names the relay's state.
+func silent(t *testing.T, c net.Conn, r *bufio.Reader, msg, what string) {
+	t.Helper()
+	err := roundTrip(t, c, r, msg, 300*time.Millisecond)
+	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("%s: %v, want a timeout", what, err)
+	}
+}
+
+// ended fails unless a read on c fails within 10 s: the relay ended the
+// connection; by names what did.
+func ended(t *testing.T, c net.Conn, r *bufio.Reader, by string) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("read after %s succeeded", by)
+	}
+}
+
+func TestRelayCutAndBlackhole(t *testing.T) {
+	rl := Start(t, echo(t))
+	c, r := dial(t, rl.Addr(), "one", "through the relay")
 
 	// Blackholed: nothing comes back, nothing is closed.
 	rl.Blackhole(true)
-	err = roundTrip(t, c, r, "two", 300*time.Millisecond)
-	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
-		t.Fatalf("blackholed: %v, want a timeout", err)
-	}
+	silent(t, c, r, "two", "blackholed")
 	// Healed: the held bytes flow on.
 	rl.Blackhole(false)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -67,51 +92,20 @@ func TestRelayCutAndBlackhole(t *testing.T) {
 
 	// Cut: the connection ends; a new one works.
 	rl.Cut()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := r.ReadString('\n'); err == nil {
-		t.Fatal("read after Cut succeeded")
-	}
-	c2, err := net.Dial("tcp", rl.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	if err := roundTrip(t, c2, bufio.NewReader(c2), "three", 10*time.Second); err != nil {
-		t.Fatalf("a new connection after Cut: %v", err)
-	}
+	ended(t, c, r, "Cut")
+	dial(t, rl.Addr(), "three", "a new connection after Cut")
 }
 
 func TestRelayHold(t *testing.T) {
 	rl := Start(t, echo(t))
-	c, err := net.Dial("tcp", rl.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := bufio.NewReader(c)
-	if err := roundTrip(t, c, r, "one", 10*time.Second); err != nil {
-		t.Fatalf("through the relay: %v", err)
-	}
+	c, r := dial(t, rl.Addr(), "one", "through the relay")
 	// Held: the open connection goes silent, a new one is relayed.
 	rl.Hold()
-	err = roundTrip(t, c, r, "two", 300*time.Millisecond)
-	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
-		t.Fatalf("held: %v, want a timeout", err)
-	}
-	c2, err := net.Dial("tcp", rl.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	if err := roundTrip(t, c2, bufio.NewReader(c2), "three", 10*time.Second); err != nil {
-		t.Fatalf("a new connection while one is held: %v", err)
-	}
+	silent(t, c, r, "two", "held")
+	dial(t, rl.Addr(), "three", "a new connection while one is held")
 	// Cut ends the held one.
 	rl.Cut()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := r.ReadString('\n'); err == nil {
-		t.Fatal("read after Cut succeeded")
-	}
+	ended(t, c, r, "Cut")
 }
 
 // TestListenClose: a relay made with Listen (no test to clean up after it)
@@ -128,22 +122,11 @@ func TestListenClose(t *testing.T) {
 			rl.Close()
 		}
 	})
-	c, err := net.Dial("tcp", rl.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := bufio.NewReader(c)
-	if err := roundTrip(t, c, r, "one", 10*time.Second); err != nil {
-		t.Fatalf("through the relay: %v", err)
-	}
+	c, r := dial(t, rl.Addr(), "one", "through the relay")
 	rl.Blackhole(true)
 	rl.Close()
 	closed = true
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := r.ReadString('\n'); err == nil {
-		t.Fatal("read after Close succeeded")
-	}
+	ended(t, c, r, "Close")
 	if c2, err := net.DialTimeout("tcp", rl.Addr(), 10*time.Second); err == nil {
 		c2.Close()
 		t.Fatal("a new connection after Close was accepted")

@@ -29,35 +29,17 @@ import (
 //     first new byte, against one round trip (the controller's first
 //     retry is at once).
 func (r *runner) controllerFigure() (err error) {
-	tb := &benchTB{r: r}
 	defer catchFatal(&err)
-	srv := sshtest.Start(tb)
-	root, err := r.newRoot("controller")
+	g, err := r.sshRig("controller", "cm")
 	if err != nil {
 		return err
 	}
+	srv, root := g.srv, g.root
 	ledgerDir := filepath.Join(r.scratch, "controller-ledger")
-	sshArgs, rsh, err := r.sshMaster(srv, "cm")
-	if err != nil {
-		return err
-	}
 	ssh := func(line string) *exec.Cmd {
-		return exec.Command("ssh", append(append([]string{}, sshArgs...), "--", srv.Destination(), line)...)
+		return exec.Command("ssh", append(append([]string{}, g.sshArgs...), "--", srv.Destination(), line)...)
 	}
-	ctl := func(id string, argv ...string) *exec.Cmd {
-		args := []string{"ssh", "--rsh", rsh, "--remote-bin", r.bin, "--remote-root", root, "--ledger", ledgerDir, "--id", id, "--lease", "60s", "--grace", "2s", srv.Destination(), "--"}
-		cmd := exec.Command(r.bin, append(args, argv...)...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		return cmd
-	}
-	timeCmd := func(cmd *exec.Cmd) (float64, error) {
-		t0 := bench.Now()
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("%v: %v: %s", cmd.Args, err, out)
-		}
-		return bench.Since(t0), nil
-	}
+	ctl := func(id string, argv ...string) *exec.Cmd { return g.ctl(ledgerDir, id, argv...) }
 	roundTrip := func() (float64, error) { return timeCmd(ssh("true")) }
 
 	// 1. A run of `true`.
@@ -77,12 +59,7 @@ func (r *runner) controllerFigure() (err error) {
 		return err
 	}
 	a, b := bench.Median(s[0]), bench.Median(s[1])
-	r.rows = append(r.rows, row{
-		figure:   "controller run of `true`",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (ssh DEST agent-wrap run ID -- true)",
-		ratio: fmt.Sprintf("%.2f×", a/b), target: "≤ 1.3×", limit: fmt.Sprintf("%.2f", a/b/1.3),
-		pass: passIf(a/b <= 1.3),
-	})
+	r.msRow("controller run of `true`", a, b, "ssh DEST agent-wrap run ID -- true", 1.3)
 	r.detail("controller `agent-wrap ssh DEST -- true`: %s; `ssh DEST agent-wrap run ID -- true`: %s; `ssh DEST true`: %s (one shared ControlMaster)",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms), spread(s[2], bench.Ms))
 	r.detail("controller: its remote line by hand (`ssh DEST 'agent-wrap run --detach ... 2>&1 && exec agent-wrap attach ...'`): %s, so of the %s the controller adds to plain run, the host's detach and attach take %s and the controller's own work %s",
@@ -92,19 +69,9 @@ func (r *runner) controllerFigure() (err error) {
 	cancelOnce := func() (float64, error) {
 		id := r.id("ctl-int")
 		cmd := ctl(id, "sh", "-c", "sleep 300 & sleep 300 & echo started; wait")
-		out, err := cmd.StdoutPipe()
+		out, err := r.startUntilStarted(cmd, "controller")
 		if err != nil {
 			return 0, err
-		}
-		if err := cmd.Start(); err != nil {
-			return 0, err
-		}
-		r.killGroupAtCleanup(cmd)
-		line := make([]byte, 8)
-		if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
-			cmd.Process.Kill()
-			cmd.Wait()
-			return 0, fmt.Errorf("controller: no 'started' line (%q, %v)", line, err)
 		}
 		t0 := bench.Now()
 		cmd.Process.Signal(syscall.SIGINT)
@@ -128,64 +95,21 @@ func (r *runner) controllerFigure() (err error) {
 		return err
 	}
 	a, b = bench.Median(s[0]), bench.Median(s[1])
-	r.rows = append(r.rows, row{
-		figure:   "controller SIGINT to confirmed cancel",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (ssh DEST true)",
-		ratio: fmt.Sprintf("%.1f×", a/b), target: "report", limit: "-", pass: "n/a",
-	})
+	r.msReport("controller SIGINT to confirmed cancel", a, b, "ssh DEST true", 1)
 	r.detail("controller SIGINT until exit 143 with the remote tree gone: %s; one round trip: %s", spread(s[0], bench.Ms), spread(s[1], bench.Ms))
 
 	// 3. Reattach after the attach client is killed.
 	reattachOnce := func() (float64, error) {
 		id := r.id("ctl-re")
 		cmd := ctl(id, "sh", "-c", "while :; do echo x; sleep 0.005; done")
-		cw := &chunkClock{}
-		cmd.Stdout = cw
-		if err := cmd.Start(); err != nil {
-			return 0, err
-		}
-		r.killGroupAtCleanup(cmd)
-		defer func() {
-			cmd.Process.Signal(syscall.SIGINT)
-			cmd.Wait()
-		}()
-		var client int
-		if err := bench.WaitUntil(30*time.Second, time.Millisecond, func() (bool, error) {
-			client = attachClient(cmd.Process.Pid)
-			return client > 0 && cw.count() > 0, fmt.Errorf("no attach client of %d", cmd.Process.Pid)
-		}); err != nil {
-			return 0, err
-		}
-		t0 := time.Now()
-		syscall.Kill(client, syscall.SIGKILL)
-		// What was in flight when the client died arrives first; the next
-		// write after the client is gone is the reattach's.
-		if err := bench.WaitUntil(10*time.Second, time.Millisecond, func() (bool, error) {
-			st, err := proc.ReadStat(client)
-			return err != nil || st.Dead(), nil
-		}); err != nil {
-			return 0, err
-		}
-		mark := cw.count()
-		var first time.Time
-		if err := bench.WaitUntil(30*time.Second, time.Millisecond, func() (bool, error) {
-			first = cw.firstAfter(mark)
-			return !first.IsZero(), fmt.Errorf("no byte after the reattach")
-		}); err != nil {
-			return 0, err
-		}
-		return first.Sub(t0).Seconds(), nil
+		return r.reattachDelay(cmd, "attach client", func() int { return attachClient(cmd.Process.Pid) })
 	}
 	s, err = bench.Interleave(1, r.n(10, 4), reattachOnce, roundTrip)
 	if err != nil {
 		return err
 	}
 	a, b = bench.Median(s[0]), bench.Median(s[1])
-	r.rows = append(r.rows, row{
-		figure:   "controller reattach to first new byte",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (ssh DEST true)",
-		ratio: fmt.Sprintf("%.1f×", a/b), target: "report", limit: "-", pass: "n/a",
-	})
+	r.msReport("controller reattach to first new byte", a, b, "ssh DEST true", 1)
 	r.detail("controller reattach, client SIGKILLed to the first new byte (the first retry is at once): %s; one round trip: %s",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms))
 

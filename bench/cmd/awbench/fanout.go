@@ -114,54 +114,17 @@ func (r *runner) fanoutFigure() (err error) {
 
 	// 2. Reattach, against a fresh connection.
 	fresh := func() (float64, error) {
-		cmd := exec.Command("ssh", append(srv.SSHArgs(), "--", srv.Destination(), "true")...)
-		t0 := bench.Now()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("ssh true: %v: %s", err, out)
-		}
-		return bench.Since(t0), nil
+		return timeCmd(exec.Command("ssh", append(srv.SSHArgs(), "--", srv.Destination(), "true")...))
 	}
 	reattach := func(killMaster bool) func() (float64, error) {
 		return func() (float64, error) {
 			id := r.id("fan-re")
 			cmd := ctl(id, []string{"--lease", "60s"}, "sh", "-c", "while :; do echo x; sleep 0.005; done")
-			cw := &chunkClock{}
-			cmd.Stdout = cw
-			if err := cmd.Start(); err != nil {
-				return 0, err
+			victim := func() int { return attachClient(cmd.Process.Pid) }
+			if killMaster {
+				victim = func() int { return recordedMaster(muxDir) }
 			}
-			r.killGroupAtCleanup(cmd)
-			defer func() {
-				cmd.Process.Signal(syscall.SIGINT)
-				cmd.Wait()
-			}()
-			var victim int
-			if err := bench.WaitUntil(30*time.Second, time.Millisecond, func() (bool, error) {
-				victim = attachClient(cmd.Process.Pid)
-				if killMaster {
-					victim = recordedMaster(muxDir)
-				}
-				return victim > 0 && cw.count() > 0, fmt.Errorf("no attach session of %d", cmd.Process.Pid)
-			}); err != nil {
-				return 0, err
-			}
-			t0 := time.Now()
-			syscall.Kill(victim, syscall.SIGKILL)
-			if err := bench.WaitUntil(10*time.Second, time.Millisecond, func() (bool, error) {
-				st, err := proc.ReadStat(victim)
-				return err != nil || st.Dead(), nil
-			}); err != nil {
-				return 0, err
-			}
-			mark := cw.count()
-			var first time.Time
-			if err := bench.WaitUntil(30*time.Second, time.Millisecond, func() (bool, error) {
-				first = cw.firstAfter(mark)
-				return !first.IsZero(), fmt.Errorf("no byte after the reattach")
-			}); err != nil {
-				return 0, err
-			}
-			return first.Sub(t0).Seconds(), nil
+			return r.reattachDelay(cmd, "attach session", victim)
 		}
 	}
 	s, err := bench.Interleave(1, r.n(10, 4), reattach(false), reattach(true), fresh)
@@ -169,18 +132,8 @@ func (r *runner) fanoutFigure() (err error) {
 		return err
 	}
 	a, m, b := bench.Median(s[0]), bench.Median(s[1]), bench.Median(s[2])
-	r.rows = append(r.rows, row{
-		figure:   "reattach (mux) to first new byte",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (fresh ssh DEST true)",
-		ratio: fmt.Sprintf("%.2f×", a/b), target: "≤ 2×", limit: fmt.Sprintf("%.2f", a/b/2),
-		pass: passIf(a/b <= 2),
-	})
-	r.rows = append(r.rows, row{
-		figure:   "reattach, ControlMaster killed (replaced)",
-		measured: bench.Ms(m), baseline: bench.Ms(b) + " (fresh ssh DEST true)",
-		ratio: fmt.Sprintf("%.2f×", m/b), target: "≤ 2×", limit: fmt.Sprintf("%.2f", m/b/2),
-		pass: passIf(m/b <= 2),
-	})
+	r.msRow("reattach (mux) to first new byte", a, b, "fresh ssh DEST true", 2)
+	r.msRow("reattach, ControlMaster killed (replaced)", m, b, "fresh ssh DEST true", 2)
 	r.detail("reattach through the mux, the attach's session client SIGKILLed, to the first new byte: %s; its ControlMaster SIGKILLed (a new master started): %s; a fresh `ssh DEST true` (own connection): %s",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms), spread(s[2], bench.Ms))
 	return nil

@@ -6,12 +6,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/bench"
 	"github.com/agent-wrap/agent-wrap/internal/pgtest"
-	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
 )
 
@@ -28,7 +26,6 @@ import (
 //     20 ms throughout, at most one per controller process (each holds one
 //     connection: the bound is the number of controllers, not of writes).
 func (r *runner) ledgerFigure() (err error) {
-	tb := &benchTB{r: r}
 	defer catchFatal(&err)
 	pg, err := pgtest.Start()
 	if err != nil {
@@ -44,30 +41,12 @@ func (r *runner) ledgerFigure() (err error) {
 	if out, err := exec.Command(r.bin, "ledger", "init", "--ledger", url).CombinedOutput(); err != nil {
 		return fmt.Errorf("ledger init: %v: %s", err, out)
 	}
-	srv := sshtest.Start(tb)
-	root, err := r.newRoot("ledger")
+	g, err := r.sshRig("ledger", "lm")
 	if err != nil {
 		return err
 	}
 	files := filepath.Join(r.scratch, "ledger-files")
-	_, rsh, err := r.sshMaster(srv, "lm")
-	if err != nil {
-		return err
-	}
-	ctl := func(led, id string) *exec.Cmd {
-		cmd := exec.Command(r.bin, "ssh", "--rsh", rsh, "--remote-bin", r.bin, "--remote-root", root, "--ledger", led,
-			"--id", id, "--lease", "60s", "--grace", "2s", srv.Destination(), "--", "true")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		return cmd
-	}
-	timeCmd := func(cmd *exec.Cmd) (float64, error) {
-		t0 := bench.Now()
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("%v: %v: %s", cmd.Args, err, out)
-		}
-		return bench.Since(t0), nil
-	}
+	ctl := func(led, id string) *exec.Cmd { return g.ctl(led, id, "true") }
 
 	// 1. One run of `true`, each ledger.
 	viaPG := func() (float64, error) { return timeCmd(ctl(url, r.id("lpg"))) }
@@ -77,12 +56,7 @@ func (r *runner) ledgerFigure() (err error) {
 		return err
 	}
 	a, b := bench.Median(s[0]), bench.Median(s[1])
-	r.rows = append(r.rows, row{
-		figure:   "ledger: ssh run of `true`, PostgreSQL ledger",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (files ledger)",
-		ratio: fmt.Sprintf("%.2f×", a/b), target: "≤ 1.2×", limit: fmt.Sprintf("%.2f", a/b/1.2),
-		pass: passIf(a/b <= 1.2),
-	})
+	r.msRow("ledger: ssh run of `true`, PostgreSQL ledger", a, b, "files ledger", 1.2)
 	r.detail("ledger `agent-wrap ssh DEST -- true`, --ledger postgres:// (private PostgreSQL %s, unix socket, fsync off): %s; --ledger DIR: %s (one shared ControlMaster)",
 		filepath.Base(filepath.Dir(pg.BinDir)), spread(s[0], bench.Ms), spread(s[1], bench.Ms))
 

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/bench"
-	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -25,23 +24,17 @@ import (
 //     over a window with ten runs in flight, each renewing its lease:
 //     what an agent's idle server costs.
 func (r *runner) mcpFigure() (err error) {
-	tb := &benchTB{r: r}
 	defer catchFatal(&err)
 	server := filepath.Join(filepath.Dir(r.bin), "agent-wrap-mcp")
 	if _, err := os.Stat(server); err != nil {
 		return fmt.Errorf("agent-wrap-mcp is not beside %s (make build builds both): %v", r.bin, err)
 	}
-	srv := sshtest.Start(tb)
-	root, err := r.newRoot("mcp")
+	g, err := r.sshRig("mcp", "mcp-cm")
 	if err != nil {
 		return err
 	}
+	root, rsh, dest := g.root, g.rsh, g.srv.Destination()
 	ledgerDir := filepath.Join(r.scratch, "mcp-ledger")
-	_, rsh, err := r.sshMaster(srv, "mcp-cm")
-	if err != nil {
-		return err
-	}
-	dest := srv.Destination()
 	cmd := exec.Command(r.bin, "mcp", "--allow", dest, "--rsh", rsh, "--remote-bin", r.bin, "--remote-root", root,
 		"--ledger", ledgerDir, "--lease", "60s", "--grace", "2s")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -80,27 +73,13 @@ func (r *runner) mcpFigure() (err error) {
 		}
 		return d, nil
 	}
-	viaSSH := func() (float64, error) {
-		c := exec.Command(r.bin, "ssh", "--rsh", rsh, "--remote-bin", r.bin, "--remote-root", root, "--ledger", ledgerDir,
-			"--id", r.id("ssh"), "--lease", "60s", "--grace", "2s", dest, "--", "true")
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		t0 := bench.Now()
-		out, err := c.CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("agent-wrap ssh: %v: %s", err, out)
-		}
-		return bench.Since(t0), nil
-	}
+	viaSSH := func() (float64, error) { return timeCmd(g.ctl(ledgerDir, r.id("ssh"), "true")) }
 	s, err := bench.Interleave(2, r.n(30, 8), viaMCP, viaSSH)
 	if err != nil {
 		return err
 	}
 	a, b := bench.Median(s[0]), bench.Median(s[1])
-	r.rows = append(r.rows, row{
-		figure:   "mcp `run` of `true`",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (agent-wrap ssh DEST -- true)",
-		ratio: fmt.Sprintf("%.2f×", a/b), target: "report", limit: "-", pass: "n/a",
-	})
+	r.msReport("mcp `run` of `true`", a, b, "agent-wrap ssh DEST -- true", 2)
 	r.detail("mcp: the run tool for `true`, waited for to its settled outcome, through the SDK's Go client: %s; `agent-wrap ssh DEST -- true`: %s (one shared ControlMaster, interleaved; the server is already up, while each agent-wrap ssh pays its own start and ledger open, so the ratio can be under 1)",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms))
 

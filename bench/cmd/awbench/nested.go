@@ -8,7 +8,6 @@ import (
 	"syscall"
 
 	"github.com/agent-wrap/agent-wrap/bench"
-	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
@@ -23,40 +22,21 @@ import (
 //     SIGINT to a controller outside any run until it exits (the same
 //     confirmed remote cancel, without the outer run around it).
 func (r *runner) nestedFigure() (err error) {
-	tb := &benchTB{r: r}
 	defer catchFatal(&err)
-	srv := sshtest.Start(tb)
 	outerRoot, err := r.newRoot("nested-outer")
 	if err != nil {
 		return err
 	}
-	innerRoot, err := r.newRoot("nested-inner")
+	g, err := r.sshRig("nested-inner", "cm-nested")
 	if err != nil {
 		return err
 	}
+	innerRoot := g.root
 	ledgerDir := filepath.Join(r.scratch, "nested-ledger")
-	_, rsh, err := r.sshMaster(srv, "cm-nested")
-	if err != nil {
-		return err
-	}
-	ctlArgv := func(id string, argv ...string) []string {
-		args := []string{r.bin, "ssh", "--rsh", rsh, "--remote-bin", r.bin, "--remote-root", innerRoot, "--ledger", ledgerDir,
-			"--id", id, "--lease", "60s", "--grace", "2s", srv.Destination(), "--"}
-		return append(args, argv...)
-	}
+	ctlArgv := func(id string, argv ...string) []string { return g.ctlArgv(ledgerDir, id, argv...) }
 	outer := func(id string, job ...string) *exec.Cmd {
-		args := []string{"--root", outerRoot, "run", "--lease", "60s", "--grace", "2s", "--handoff-grace", "20s", id, "--"}
-		cmd := exec.Command(r.bin, append(args, job...)...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		return cmd
-	}
-	timeCmd := func(cmd *exec.Cmd) (float64, error) {
-		t0 := bench.Now()
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("%v: %v: %s", cmd.Args, err, out)
-		}
-		return bench.Since(t0), nil
+		args := []string{r.bin, "--root", outerRoot, "run", "--lease", "60s", "--grace", "2s", "--handoff-grace", "20s", id, "--"}
+		return groupCommand(append(args, job...))
 	}
 
 	// 1. A nested run of `true`, with and without the handoff.
@@ -74,11 +54,7 @@ func (r *runner) nestedFigure() (err error) {
 		return err
 	}
 	a, b := bench.Median(s[0]), bench.Median(s[1])
-	r.rows = append(r.rows, row{
-		figure:   "nested `agent-wrap ssh DEST -- true` in a run",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (the same, AGENT_WRAP_CONTROL unset)",
-		ratio: fmt.Sprintf("%.2f×", a/b), target: "report", limit: "-", pass: "n/a",
-	})
+	r.msReport("nested `agent-wrap ssh DEST -- true` in a run", a, b, "the same, AGENT_WRAP_CONTROL unset", 2)
 	r.detail("nested: outer run of `agent-wrap ssh DEST -- true` with the handoff: %s; without (env -u AGENT_WRAP_CONTROL): %s",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms))
 
@@ -115,9 +91,7 @@ func (r *runner) nestedFigure() (err error) {
 	}
 	plainCancel := func() (float64, error) {
 		id := r.id("plain-c")
-		argv := ctlArgv(id, job...)
-		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd := groupCommand(ctlArgv(id, job...))
 		out, err := r.startUntilStarted(cmd, "controller")
 		if err != nil {
 			return 0, err
@@ -137,11 +111,7 @@ func (r *runner) nestedFigure() (err error) {
 		return err
 	}
 	a, b = bench.Median(s[0]), bench.Median(s[1])
-	r.rows = append(r.rows, row{
-		figure:   "outer cancel, inner confirmed first",
-		measured: bench.Ms(a), baseline: bench.Ms(b) + " (SIGINT to a controller outside a run)",
-		ratio: fmt.Sprintf("%.2f×", a/b), target: "report", limit: "-", pass: "n/a",
-	})
+	r.msReport("outer cancel, inner confirmed first", a, b, "SIGINT to a controller outside a run", 2)
 	r.detail("nested: `cancel` of the outer run until its final record, the inner run cancelled and confirmed before the outer group's first signal: %s; SIGINT to a controller outside any run until exit 143: %s",
 		spread(s[0], bench.Ms), spread(s[1], bench.Ms))
 	return nil
