@@ -162,9 +162,12 @@ func TestWalkingJobStopped(t *testing.T) {
 // The wrapper SIGKILLed while a walking job runs, and its lease ended: the
 // watchdog's stop from outside ends the walker through the run's cgroup
 // (cgroup.kill, then the cgroup seen unpopulated) and says so. Without a
-// cgroup the walkers left the session unrecorded and cannot be seen from
-// outside: the record says so (containment session, survivors unknown),
-// and reconcile says unknown, not cancelled.
+// cgroup the walkers left the session unrecorded, and their parents are
+// gone: the stop finds them by the run's logs they hold and ends them all,
+// going on until the kernel says no process has the logs open for
+// writing; still, a process that gave up the logs could not have been
+// seen, so the record says containment session, survivors unknown, and
+// reconcile says unknown, not cancelled.
 func TestWalkingJobWatchdogAfterWrapperKilled(t *testing.T) {
 	t.Parallel() // waits on leases and graces, not the CPU
 	for _, cg := range []bool{true, false} {
@@ -203,6 +206,7 @@ func TestWalkingJobWatchdogAfterWrapperKilled(t *testing.T) {
 				}
 				return
 			}
+			w.AssertAllDead(t)
 			if final.State != statusfile.Cancelled || final.Containment != statusfile.ContainmentSession || final.Survivors != nil {
 				t.Fatalf("final record: state %s containment %q survivors %#v; want cancelled, session, unknown", final.State, final.Containment, final.Survivors)
 			}

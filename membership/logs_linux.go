@@ -19,17 +19,20 @@ import (
 // and 2 elsewhere (or of another user, whose descriptors cannot be read)
 // is not found this way.
 type Logs struct {
+	d     *rundir.Dir
 	files []unix.Stat_t
+	names []string
 }
 
 // LogsOf returns the run's log files as they are now; none where they
 // cannot be read.
 func LogsOf(d *rundir.Dir) Logs {
-	var l Logs
+	l := Logs{d: d}
 	for _, name := range []string{rundir.StdoutFile, rundir.StderrFile} {
 		var st unix.Stat_t
 		if err := unix.Fstatat(d.FD(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
 			l.files = append(l.files, st)
+			l.names = append(l.names, name)
 		}
 	}
 	return l
@@ -72,4 +75,43 @@ func (r Run) holders(all []proc.Stat, judged map[int]bool) []Member {
 		}
 	}
 	return found
+}
+
+// Unheld reports whether no process has the run's logs open for writing:
+// the kernel's own answer, asked with a read lease (fcntl F_SETLEASE
+// F_RDLCK), which is granted only on a file no one has open for writing,
+// and given back at once. A reader (attach, tail -f) does not count, a
+// zombie has closed its files, a stopped process has not. So once a stop
+// has seen every holder die, Unheld is the proof that none it could not
+// see is left, as an unpopulated cgroup is for a run with one: it sees
+// what a look at /proc missed (a process forked as the look read the
+// table). ok is false where the kernel cannot tell (no leases on this file
+// system, or not the files' owner without CAP_LEASE).
+func (l Logs) Unheld() (unheld, ok bool) {
+	if l.d == nil || len(l.files) == 0 {
+		return false, false
+	}
+	for i, name := range l.names {
+		f, err := l.d.OpenFile(name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return false, false
+		}
+		var st unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &st) != nil || st.Dev != l.files[i].Dev || st.Ino != l.files[i].Ino {
+			f.Close()
+			return false, false // not the file the run began with
+		}
+		_, err = unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_RDLCK)
+		if err == nil {
+			_, _ = unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
+		}
+		f.Close()
+		switch {
+		case err == unix.EAGAIN:
+			return false, true
+		case err != nil:
+			return false, false
+		}
+	}
+	return true, true
 }

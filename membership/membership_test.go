@@ -3,6 +3,7 @@ package membership_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -380,5 +381,87 @@ func wantLocked(t *testing.T, root *rundir.Root, id string) {
 	if !busy {
 		unlock()
 		t.Fatalf("run %s: Find handed it back unlocked", id)
+	}
+}
+
+// Logs: a process whose stdout is the run's stdout.log (the file, not one
+// of the same name) is found as the run's from outside, however it left
+// the session; and the kernel's read lease says whether anyone still has
+// a log open for writing: a reader does not count, a stopped writer does,
+// a dead one does not.
+func TestLogs(t *testing.T) {
+	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	d, err := root.Create("logs-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	for _, name := range []string{rundir.StdoutFile, rundir.StderrFile} {
+		if err := d.WriteOnce(name, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs := membership.LogsOf(d)
+	if unheld, ok := logs.Unheld(); !ok || !unheld {
+		t.Fatalf("Unheld with nobody holding the logs: %v, %v", unheld, ok)
+	}
+	spawn := func(path string, write bool) proc.Stat {
+		flag := os.O_RDONLY
+		if write {
+			flag = os.O_WRONLY | os.O_APPEND | os.O_CREATE
+		}
+		f, err := os.OpenFile(path, flag, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd := exec.Command("sleep", "600")
+		if write {
+			cmd.Stdout = f
+		} else {
+			cmd.Stdin = f
+		}
+		cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+		return runtest.StartInGroup(t, cmd).Leader
+	}
+	reader := spawn(filepath.Join(d.Path, rundir.StdoutFile), false)
+	if unheld, ok := logs.Unheld(); !ok || !unheld {
+		t.Fatalf("Unheld with a reader only: %v, %v", unheld, ok)
+	}
+	namesake := spawn(filepath.Join(t.TempDir(), rundir.StdoutFile), true)
+	writer := spawn(filepath.Join(d.Path, rundir.StdoutFile), true)
+	if logs.Holds(reader.PID, 1) || logs.Holds(namesake.PID, 1) || !logs.Holds(writer.PID, 1) {
+		t.Fatalf("Holds: reader %v, namesake %v, writer %v; want only the writer",
+			logs.Holds(reader.PID, 1), logs.Holds(namesake.PID, 1), logs.Holds(writer.PID, 1))
+	}
+	if err := unix.Kill(writer.PID, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if unheld, ok := logs.Unheld(); !ok || unheld {
+		t.Fatalf("Unheld with a stopped writer: %v, %v; want held", unheld, ok)
+	}
+	boot, err := proc.BootID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := proc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &statusfile.Record{RunID: "logs-1", BootID: boot}
+	ms, _ := membership.Run{Record: rec, Logs: logs}.Judge(all)
+	if len(ms) != 1 || ms[0].PID != writer.PID {
+		t.Fatalf("members by the logs: %+v; want the writer %d alone", ms, writer.PID)
+	}
+	if err := unix.Kill(writer.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	runtest.Eventually(t, "the writer to die", func() bool { return !proc.Alive(writer.PID, writer.Start) })
+	if unheld, ok := logs.Unheld(); !ok || !unheld {
+		t.Fatalf("Unheld once the writer died: %v, %v", unheld, ok)
 	}
 }

@@ -190,6 +190,15 @@ func Outside(d *rundir.Dir, o Options) (*Report, error) {
 			return err == nil && !p
 		}
 	}
+	if !haveCgroup {
+		// Without a cgroup the run's logs are the proof that no process
+		// a look missed still holds them (membership.Logs.Unheld); where
+		// the kernel cannot tell, two empty looks are all there is.
+		loop.Empty = func() bool {
+			unheld, ok := outside.Logs.Unheld()
+			return unheld || !ok
+		}
+	}
 	res := loop.Run(o.Grace)
 	survivors := res.Survivors
 	// Without a cgroup, a stop from outside the wrapper sees the job's
