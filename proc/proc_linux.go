@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,23 +22,37 @@ func ReadStat(pid int) (Stat, error) {
 
 func readStat(pid int, buf []byte) (Stat, error) {
 	var pb [32]byte
-	path := string(append(strconv.AppendInt(append(pb[:0], "/proc/"...), int64(pid), 10), "/stat"...))
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	path := append(strconv.AppendInt(append(pb[:0], "/proc/"...), int64(pid), 10), "/stat\x00"...)
+	fd, err := openRead(path)
 	if err != nil {
 		if err == unix.ENOENT || err == unix.ESRCH {
-			return Stat{}, fmt.Errorf("pid %d: %w", pid, ErrGone)
+			return Stat{}, goneError(pid)
 		}
-		return Stat{}, &os.PathError{Op: "open", Path: path, Err: err}
+		return Stat{}, &os.PathError{Op: "open", Path: string(path[:len(path)-1]), Err: err}
 	}
 	n, err := unix.Read(fd, buf)
 	unix.Close(fd)
 	if err != nil {
 		if err == unix.ESRCH {
-			return Stat{}, fmt.Errorf("pid %d: %w", pid, ErrGone)
+			return Stat{}, goneError(pid)
 		}
-		return Stat{}, &os.PathError{Op: "read", Path: path, Err: err}
+		return Stat{}, &os.PathError{Op: "read", Path: string(path[:len(path)-1]), Err: err}
 	}
 	return ParseStat(buf[:n])
+}
+
+// openRead opens path, NUL-terminated in the caller's buffer, read-only.
+// unix.Open would copy the name to the heap first: the looks of a wrapper
+// open thousands of /proc files over its life and should leave nothing
+// behind.
+func openRead(path []byte) (int, error) {
+	dirfd := unix.AT_FDCWD
+	fd, _, errno := unix.Syscall6(unix.SYS_OPENAT, uintptr(dirfd), uintptr(unsafe.Pointer(&path[0])),
+		uintptr(unix.O_RDONLY|unix.O_CLOEXEC), 0, 0, 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(fd), nil
 }
 
 // ParseStat parses the content of /proc/PID/stat. The command name is in
