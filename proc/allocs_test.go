@@ -9,6 +9,7 @@ package proc
 import (
 	"errors"
 	"os"
+	"slices"
 	"testing"
 )
 
@@ -71,5 +72,26 @@ func TestQuietReadsAllocs(t *testing.T) {
 	})
 	if allocs > 0 {
 		t.Fatalf("LastPIDFile.Read and ReadRunTime allocate %.0f times, want none", allocs)
+	}
+}
+
+// TestScanIntoAllocs: a scan into a table kept from the last one allocates
+// each process's command name and nothing per process besides.
+func TestScanIntoAllocs(t *testing.T) {
+	table, err := ScanInto(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(table, func(s Stat) bool { return s.PID == os.Getpid() }) {
+		t.Fatalf("ScanInto: %d processes, not this one (%d)", len(table), os.Getpid())
+	}
+	table = slices.Grow(table, 1000)
+	var n int
+	allocs := testing.AllocsPerRun(20, func() {
+		table, _ = ScanInto(table, nil)
+		n = len(table)
+	})
+	if allocs > float64(n)+3 {
+		t.Fatalf("ScanInto of %d processes allocates %.0f times, want at most one a process", n, allocs)
 	}
 }

@@ -2,6 +2,7 @@ package proc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -137,33 +138,72 @@ func truncate(b []byte) []byte {
 
 // Scan reads the stat of every process in /proc. Processes that exit while
 // it reads are left out.
-func Scan() ([]Stat, error) {
-	d, err := os.Open("/proc")
+func Scan() ([]Stat, error) { return ScanInto(nil, nil) }
+
+// ScanInto is Scan for a caller that scans again and again (a wrapper's
+// tracker): it appends to dst[:0] only the processes keep accepts (all of
+// them when keep is nil), reads /proc's entries with getdents into a
+// buffer on its stack, and allocates nothing but each process's command
+// name and dst's growth. A process that never collects its garbage keeps
+// what it allocated: a table and the names of every process on a busy
+// host, at each whole look, would be most of its heap.
+func ScanInto(dst []Stat, keep func(Stat) bool) ([]Stat, error) {
+	out := dst[:0]
+	fd, err := unix.Open("/proc", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return out, &os.PathError{Op: "open", Path: "/proc", Err: err}
 	}
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Stat, 0, len(names))
-	buf := make([]byte, 1024)
-	for _, n := range names {
-		if n[0] < '0' || n[0] > '9' {
+	defer unix.Close(fd)
+	var dents [4096]byte
+	var buf [1024]byte
+	for {
+		n, err := unix.Getdents(fd, dents[:])
+		if err == unix.EINTR {
 			continue
 		}
-		pid, err := strconv.Atoi(n)
 		if err != nil {
-			continue
+			return out, &os.PathError{Op: "getdents", Path: "/proc", Err: err}
 		}
-		s, err := readStat(pid, buf)
-		if err != nil {
-			continue // gone, or unreadable: not ours to judge
+		if n <= 0 {
+			return out, nil
 		}
-		out = append(out, s)
+		// struct linux_dirent64: ino (8), off (8), reclen (2), type (1),
+		// then the name, NUL-terminated.
+		for b := dents[:n]; len(b) > 19; {
+			reclen := int(binary.NativeEndian.Uint16(b[16:18]))
+			if reclen <= 19 || reclen > len(b) {
+				break
+			}
+			pid := pidName(b[19:reclen])
+			b = b[reclen:]
+			if pid <= 0 {
+				continue
+			}
+			s, err := readStat(pid, buf[:])
+			if err != nil {
+				continue // gone, or unreadable: not ours to judge
+			}
+			if keep == nil || keep(s) {
+				out = append(out, s)
+			}
+		}
 	}
-	return out, nil
+}
+
+// pidName is the PID a /proc entry's NUL-terminated name spells, or 0 when
+// it is not a number (self, sys, ...).
+func pidName(name []byte) int {
+	pid := 0
+	for _, c := range name {
+		if c == 0 {
+			break
+		}
+		if c < '0' || c > '9' || pid > 1<<30 {
+			return 0
+		}
+		pid = pid*10 + int(c-'0')
+	}
+	return pid
 }
 
 // BootID returns this boot's ID from /proc/sys/kernel/random/boot_id. It
