@@ -212,7 +212,8 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   after a quiet spell is journaled). The memory floor, reported beside:
   10 ` + "`bin/idlefloor`" + ` (bench/cmd/idlefloor: agent-wrap's packages linked
   and initialised, its five signals subscribed, nothing else) as the same
-  user, their mean RssAnon and Pss two seconds after their start.
+  user with GOMAXPROCS=1 (as ` + "`run --detach`" + ` starts its supervisor), their
+  mean RssAnon and Pss two seconds after their start.
 - **watchdog scan**: a root with N synthetic run directories (bench.Fixture:
   100 ` + "`running`" + ` runs with a deadline an hour ahead naming real live processes,
   the rest ` + "`finished`" + ` with a deadline an hour past), ` + "`agent-wrap watchdog --once`" + `

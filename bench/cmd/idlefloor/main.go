@@ -9,7 +9,8 @@
 // signals and then does nothing until a TERM or INT. What it keeps private
 // (RssAnon) is the Go runtime's and the package inits' own: no change to
 // the wrapper goes below it. The idlescale figure of `make bench` reports it
-// beside the wrappers'.
+// beside the wrappers', started with GOMAXPROCS=1 as `run --detach` starts
+// its supervisor.
 //
 //	idlefloor
 package main
