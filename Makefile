@@ -145,6 +145,7 @@ demo: build
 bench: build
 	$(GO) build -o bin/awbench ./bench/cmd/awbench
 	$(GO) build -trimpath -o bin/awfloor ./bench/cmd/awfloor
+	$(GO) build -trimpath -ldflags '-s -w' -o bin/idlefloor ./bench/cmd/idlefloor
 	bin/awbench -bin $(BIN) -out BENCHMARKS.md -command '$(if $(BENCH_QUICK),BENCH_QUICK=1 )make bench'
 
 clean:

@@ -87,6 +87,9 @@ func runRun(e *Env, args []string) int {
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
+	if rf.detachFD > 2 {
+		restoreGOMAXPROCS() // the caller's, for the job (detach.go)
+	}
 	id, argv, code := e.runArgs(fs, fs.Args())
 	if code != 0 {
 		return code

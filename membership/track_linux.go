@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 // rangeLimit is the most new PIDs a Tracker looks at one by one; past it
@@ -159,10 +160,7 @@ func (t *Tracker) Look() ([]Member, error) {
 			continue // no process there (or a member already read)
 		}
 		relevant := p.PPID == t.run.Supervisor || t.mine[p.PPID] ||
-			rec.PGID > 1 && p.PGID == rec.PGID && p.SID == rec.SID
-		for _, e := range rec.Escaped {
-			relevant = relevant || e.PID == pid
-		}
+			rec.PGID > 1 && p.PGID == rec.PGID && p.SID == rec.SID || escapedPID(rec, pid)
 		if !relevant {
 			continue
 		}
@@ -186,19 +184,69 @@ func (t *Tracker) Look() ([]Member, error) {
 }
 
 // whole reads every process and judges them all; cur is the last PID read
-// before, 0 if unknown.
+// before, 0 if unknown. It judges only what could be the run's (ofRun), so
+// that Judge's tree of the whole host is not built, and it reads into the
+// tracker's own table: a wrapper that never collects its garbage would
+// otherwise keep every whole look's table, names and tree.
 func (t *Tracker) whole(cur int) ([]Member, error) {
-	all, err := proc.Scan()
+	rec := t.run.Record
+	all, err := proc.ScanInto(t.table, func(p proc.Stat) bool {
+		// Every process below the wrapper has a parent below it or the
+		// wrapper itself; children of init (unless the wrapper is init)
+		// and kernel threads are not the run's, unless by group or as a
+		// recorded escape, which Judge decides.
+		return p.PPID > 2 || p.PPID == t.run.Supervisor ||
+			rec.PGID > 1 && p.PGID == rec.PGID || escapedPID(rec, p.PID)
+	})
+	t.table = all
 	if err != nil {
 		return t.members, err
 	}
 	t.looks.Whole++
 	t.started = true
 	t.last = cur
-	members, _ := t.run.Judge(all)
+	t.table = t.ofRun(all)
+	members, _ := t.run.Judge(t.table)
 	t.remember(members)
 	t.settled = false
 	return t.members, nil
+}
+
+// ofRun keeps, in place, the processes of table that Judge could find the
+// run's for its wrapper: the wrapper's descendants (as subreaper, the job's
+// whole tree), those with the run's process group, and recorded escapes.
+// Judge over them answers as over the whole table.
+func (t *Tracker) ofRun(table []proc.Stat) []proc.Stat {
+	rec := t.run.Record
+	clear(t.mine)
+	t.mine[t.run.Supervisor] = true
+	// Parents before children: each pass adds the children of what the
+	// last one found, so a tree of depth d takes d+1 passes.
+	for grew := true; grew; {
+		grew = false
+		for _, p := range table {
+			if !t.mine[p.PID] && t.mine[p.PPID] {
+				t.mine[p.PID], grew = true, true
+			}
+		}
+	}
+	out := table[:0]
+	for _, p := range table {
+		if p.PID != t.run.Supervisor && (t.mine[p.PID] || rec.PGID > 1 && p.PGID == rec.PGID || escapedPID(rec, p.PID)) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// escapedPID reports whether rec records an escape at pid.
+func escapedPID(rec *statusfile.Record, pid int) bool {
+	for _, e := range rec.Escaped {
+		if e.PID == pid {
+			return true
+		}
+	}
+	return false
 }
 
 // still reads every known member's run time, keeps it, and reports whether

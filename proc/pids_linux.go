@@ -30,7 +30,7 @@ func LastPID() (int, error) {
 	}
 	v, err := strconv.Atoi(string(bytes.TrimSpace(buf[:n])))
 	if err != nil {
-		return 0, fmt.Errorf("/proc/sys/kernel/ns_last_pid: %q: %v", buf[:n], err)
+		return 0, fmt.Errorf("/proc/sys/kernel/ns_last_pid: %q: %v", string(buf[:n]), err) // a copy: buf stays on the stack
 	}
 	return v, nil
 }
@@ -63,7 +63,7 @@ func (f *LastPIDFile) Read() (int, error) {
 	}
 	v, err := strconv.Atoi(string(bytes.TrimSpace(buf[:n])))
 	if err != nil {
-		return 0, fmt.Errorf("/proc/sys/kernel/ns_last_pid: %q: %v", buf[:n], err)
+		return 0, fmt.Errorf("/proc/sys/kernel/ns_last_pid: %q: %v", string(buf[:n]), err) // a copy: buf stays on the stack
 	}
 	return v, nil
 }
@@ -106,7 +106,7 @@ type RunTime struct {
 // kernel that keeps no schedstat (CONFIG_SCHED_INFO off, or schedstats
 // disabled) gives zeros, which RunTimeKept tells.
 func ReadRunTime(pid int) (RunTime, error) {
-	var pb [48]byte
+	var pb [48]byte // with room for the NUL readRunTime appends
 	path := append(strconv.AppendInt(append(pb[:0], "/proc/"...), int64(pid), 10), "/schedstat"...)
 	return readRunTime(pid, path)
 }
@@ -121,21 +121,23 @@ func ReadThreadRunTime(pid, tid int) (RunTime, error) {
 
 func readRunTime(pid int, path []byte) (RunTime, error) {
 	var buf [96]byte
-	n, err := readStart(string(path), buf[:])
+	n, err := readStartNUL(append(path, 0), buf[:])
 	if err != nil {
-		if os.IsNotExist(err) || errors.Is(err, unix.ESRCH) {
-			return RunTime{}, fmt.Errorf("pid %d: %w", pid, ErrGone)
+		if err == unix.ENOENT || err == unix.ESRCH {
+			return RunTime{}, goneError(pid)
 		}
-		return RunTime{}, err
+		return RunTime{}, &os.PathError{Op: "read", Path: string(path), Err: err}
 	}
+	// The error copies path and buf: handing the buffers themselves to
+	// fmt would move them to the heap on every call, not just this one.
 	f, k := statFields(buf[:n])
 	if k < 3 {
-		return RunTime{}, fmt.Errorf("%s: %q: want three numbers", path, buf[:n])
+		return RunTime{}, fmt.Errorf("%s: %q: want three numbers", string(path), string(buf[:n]))
 	}
 	ns, err1 := strconv.ParseUint(string(f[0]), 10, 64)
 	sl, err2 := strconv.ParseUint(string(f[2]), 10, 64)
 	if err1 != nil || err2 != nil {
-		return RunTime{}, fmt.Errorf("%s: %q: want three numbers", path, buf[:n])
+		return RunTime{}, fmt.Errorf("%s: %q: want three numbers", string(path), string(buf[:n]))
 	}
 	return RunTime{NS: ns, Slices: sl}, nil
 }
@@ -153,7 +155,7 @@ func TaskIDs(pid int, ids []int) ([]int, error) {
 	d, err := os.Open("/proc/" + strconv.Itoa(pid) + "/task")
 	if err != nil {
 		if os.IsNotExist(err) {
-			return ids, fmt.Errorf("pid %d: %w", pid, ErrGone)
+			return ids, goneError(pid)
 		}
 		return ids, err
 	}
@@ -181,7 +183,7 @@ func IsProcess(pid int) (bool, error) {
 	n, err := readStart(path, buf[:])
 	if err != nil {
 		if os.IsNotExist(err) || errors.Is(err, unix.ESRCH) {
-			return false, fmt.Errorf("pid %d: %w", pid, ErrGone)
+			return false, goneError(pid)
 		}
 		return false, err
 	}
@@ -199,6 +201,19 @@ func IsProcess(pid int) (bool, error) {
 		return false, fmt.Errorf("%s: Tgid: %v", path, err)
 	}
 	return tgid == pid, nil
+}
+
+// readStartNUL is readStart for a path NUL-terminated in the caller's
+// buffer, which it does not copy (openRead). Its error is the bare errno,
+// for the caller to tell a gone process without allocating.
+func readStartNUL(path []byte, buf []byte) (int, error) {
+	fd, err := openRead(path)
+	if err != nil {
+		return 0, err
+	}
+	n, err := unix.Read(fd, buf)
+	unix.Close(fd)
+	return n, err
 }
 
 // readStart reads the start of a small file into buf, in one read.

@@ -13,6 +13,7 @@ package proc
 import (
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // Stat is what agent-wrap needs of /proc/PID/stat.
@@ -38,6 +39,15 @@ func (s Stat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
 
 // ErrGone is returned (wrapped) when the process does not exist.
 var ErrGone = errors.New("no such process")
+
+// goneError is ErrGone for one PID ("pid N: no such process"). It is a
+// number, not a formatted string: a wrapper's look reads the stat of every
+// PID handed out since its last one, most of them gone, and a wrapper that
+// never collects its garbage keeps every byte it made resident.
+type goneError int
+
+func (e goneError) Error() string { return "pid " + strconv.Itoa(int(e)) + ": " + ErrGone.Error() }
+func (goneError) Unwrap() error   { return ErrGone }
 
 // errMismatch is returned (wrapped) when a process exists but is not the
 // one recorded: another start time, group or session.

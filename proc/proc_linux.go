@@ -2,6 +2,7 @@ package proc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,23 +23,37 @@ func ReadStat(pid int) (Stat, error) {
 
 func readStat(pid int, buf []byte) (Stat, error) {
 	var pb [32]byte
-	path := string(append(strconv.AppendInt(append(pb[:0], "/proc/"...), int64(pid), 10), "/stat"...))
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	path := append(strconv.AppendInt(append(pb[:0], "/proc/"...), int64(pid), 10), "/stat\x00"...)
+	fd, err := openRead(path)
 	if err != nil {
 		if err == unix.ENOENT || err == unix.ESRCH {
-			return Stat{}, fmt.Errorf("pid %d: %w", pid, ErrGone)
+			return Stat{}, goneError(pid)
 		}
-		return Stat{}, &os.PathError{Op: "open", Path: path, Err: err}
+		return Stat{}, &os.PathError{Op: "open", Path: string(path[:len(path)-1]), Err: err}
 	}
 	n, err := unix.Read(fd, buf)
 	unix.Close(fd)
 	if err != nil {
 		if err == unix.ESRCH {
-			return Stat{}, fmt.Errorf("pid %d: %w", pid, ErrGone)
+			return Stat{}, goneError(pid)
 		}
-		return Stat{}, &os.PathError{Op: "read", Path: path, Err: err}
+		return Stat{}, &os.PathError{Op: "read", Path: string(path[:len(path)-1]), Err: err}
 	}
 	return ParseStat(buf[:n])
+}
+
+// openRead opens path, NUL-terminated in the caller's buffer, read-only.
+// unix.Open would copy the name to the heap first: the looks of a wrapper
+// open thousands of /proc files over its life and should leave nothing
+// behind.
+func openRead(path []byte) (int, error) {
+	dirfd := unix.AT_FDCWD
+	fd, _, errno := unix.Syscall6(unix.SYS_OPENAT, uintptr(dirfd), uintptr(unsafe.Pointer(&path[0])),
+		uintptr(unix.O_RDONLY|unix.O_CLOEXEC), 0, 0, 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(fd), nil
 }
 
 // ParseStat parses the content of /proc/PID/stat. The command name is in
@@ -122,33 +138,72 @@ func truncate(b []byte) []byte {
 
 // Scan reads the stat of every process in /proc. Processes that exit while
 // it reads are left out.
-func Scan() ([]Stat, error) {
-	d, err := os.Open("/proc")
+func Scan() ([]Stat, error) { return ScanInto(nil, nil) }
+
+// ScanInto is Scan for a caller that scans again and again (a wrapper's
+// tracker): it appends to dst[:0] only the processes keep accepts (all of
+// them when keep is nil), reads /proc's entries with getdents into a
+// buffer on its stack, and allocates nothing but each process's command
+// name and dst's growth. A process that never collects its garbage keeps
+// what it allocated: a table and the names of every process on a busy
+// host, at each whole look, would be most of its heap.
+func ScanInto(dst []Stat, keep func(Stat) bool) ([]Stat, error) {
+	out := dst[:0]
+	fd, err := unix.Open("/proc", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return out, &os.PathError{Op: "open", Path: "/proc", Err: err}
 	}
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Stat, 0, len(names))
-	buf := make([]byte, 1024)
-	for _, n := range names {
-		if n[0] < '0' || n[0] > '9' {
+	defer unix.Close(fd)
+	var dents [4096]byte
+	var buf [1024]byte
+	for {
+		n, err := unix.Getdents(fd, dents[:])
+		if err == unix.EINTR {
 			continue
 		}
-		pid, err := strconv.Atoi(n)
 		if err != nil {
-			continue
+			return out, &os.PathError{Op: "getdents", Path: "/proc", Err: err}
 		}
-		s, err := readStat(pid, buf)
-		if err != nil {
-			continue // gone, or unreadable: not ours to judge
+		if n <= 0 {
+			return out, nil
 		}
-		out = append(out, s)
+		// struct linux_dirent64: ino (8), off (8), reclen (2), type (1),
+		// then the name, NUL-terminated.
+		for b := dents[:n]; len(b) > 19; {
+			reclen := int(binary.NativeEndian.Uint16(b[16:18]))
+			if reclen <= 19 || reclen > len(b) {
+				break
+			}
+			pid := pidName(b[19:reclen])
+			b = b[reclen:]
+			if pid <= 0 {
+				continue
+			}
+			s, err := readStat(pid, buf[:])
+			if err != nil {
+				continue // gone, or unreadable: not ours to judge
+			}
+			if keep == nil || keep(s) {
+				out = append(out, s)
+			}
+		}
 	}
-	return out, nil
+}
+
+// pidName is the PID a /proc entry's NUL-terminated name spells, or 0 when
+// it is not a number (self, sys, ...).
+func pidName(name []byte) int {
+	pid := 0
+	for _, c := range name {
+		if c == 0 {
+			break
+		}
+		if c < '0' || c > '9' || pid > 1<<30 {
+			return 0
+		}
+		pid = pid*10 + int(c-'0')
+	}
+	return pid
 }
 
 // BootID returns this boot's ID from /proc/sys/kernel/random/boot_id. It

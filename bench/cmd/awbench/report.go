@@ -209,7 +209,11 @@ const methods = `- **startup**: ` + "`agent-wrap --root R run --no-stream --leas
   most 1.0 MiB and Pss at most 1.5 MiB. Beside each N, 5 probe runs whose
   job sleeps in open(2) of a FIFO until released, then leaves its session:
   the time from the release to the ` + "`escaped`" + ` line (how promptly an escape
-  after a quiet spell is journaled).
+  after a quiet spell is journaled). The memory floor, reported beside:
+  10 ` + "`bin/idlefloor`" + ` (bench/cmd/idlefloor: agent-wrap's packages linked
+  and initialised, its five signals subscribed, nothing else) as the same
+  user with GOMAXPROCS=1 (as ` + "`run --detach`" + ` starts its supervisor), their
+  mean RssAnon and Pss two seconds after their start.
 - **watchdog scan**: a root with N synthetic run directories (bench.Fixture:
   100 ` + "`running`" + ` runs with a deadline an hour ahead naming real live processes,
   the rest ` + "`finished`" + ` with a deadline an hour past), ` + "`agent-wrap watchdog --once`" + `
@@ -241,6 +245,7 @@ func reproduce() string {
 	b.WriteString("make build\n")
 	b.WriteString("go build -o bin/awbench ./bench/cmd/awbench\n")
 	b.WriteString("go build -trimpath -o bin/awfloor ./bench/cmd/awfloor   # the floor figures run it\n")
+	b.WriteString("go build -trimpath -ldflags '-s -w' -o bin/idlefloor ./bench/cmd/idlefloor   # the idlescale figure runs it\n")
 	b.WriteString("bin/awbench -bin bin/agent-wrap -only startup,cancel -out -\n")
 	b.WriteString("```\n\n")
 	b.WriteString("`-only` takes any of: ")
