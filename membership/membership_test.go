@@ -390,16 +390,7 @@ func wantLocked(t *testing.T, root *rundir.Root, id string) {
 // a log open for writing: a reader does not count, a stopped writer does,
 // a dead one does not.
 func TestLogs(t *testing.T) {
-	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { root.Close() })
-	d, err := root.Create("logs-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := runtest.RunDir(t, "logs-1")
 	for _, name := range []string{rundir.StdoutFile, rundir.StderrFile} {
 		if err := d.WriteOnce(name, nil); err != nil {
 			t.Fatal(err)

@@ -18,21 +18,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-func newRun(t *testing.T, id string) *rundir.Dir {
-	t.Helper()
-	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { root.Close() })
-	d, err := root.Create(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
 func appendLine(t *testing.T, d *rundir.Dir, event string, f journal.Fields) {
 	t.Helper()
 	if _, err := journal.Append(d, event, f, false); err != nil {
@@ -50,7 +35,7 @@ func TestReadOrRebuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := newRun(t, "rb")
+	d := runtest.RunDir(t, "rb")
 	if _, err := statusfile.ReadOrRebuild(d); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a run being created: %v, want not-exist", err)
 	}
@@ -100,7 +85,7 @@ func TestRebuildFromALateFinal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := newRun(t, "late")
+	d := runtest.RunDir(t, "late")
 	appendLine(t, d, "created", journal.Fields{"wrapper_pid": 4321, "wrapper_start": 77, "boot_id": boot, "lease_seconds": 60.0, "grace_seconds": 2.0, "boundary": "subreaper"})
 	appendLine(t, d, "started", journal.Fields{"pid": 5000, "pgid": 5000, "sid": 5000, "leader_start": 99})
 	const ended = "2026-01-02T03:04:05.678Z"
@@ -122,7 +107,7 @@ func TestRebuildFromALateFinal(t *testing.T) {
 // has exited (a zombie).
 func TestRebuildFromPidFilesAlone(t *testing.T) {
 	leader := runtest.Spawn(t, nil, "sleep", "300")
-	d := newRun(t, "pf")
+	d := runtest.RunDir(t, "pf")
 	line := []byte(strconv.Itoa(leader.PID) + "\n")
 	os.WriteFile(filepath.Join(d.Path, "pid"), line, 0o600)
 	os.WriteFile(filepath.Join(d.Path, "pgid"), line, 0o600)

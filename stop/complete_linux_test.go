@@ -3,13 +3,13 @@ package stop_test
 import (
 	"errors"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
@@ -21,16 +21,7 @@ import (
 // `cancelled` record that says its intent went unrecorded.
 func stoppedRun(t *testing.T) *rundir.Dir {
 	t.Helper()
-	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { root.Close() })
-	d, err := root.Create("complete-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := runtest.RunDir(t, "complete-1")
 	for _, ev := range []string{"created", "started"} {
 		if _, err := journal.Append(d, ev, nil, false); err != nil {
 			t.Fatal(err)

@@ -25,16 +25,7 @@ import (
 // leaves behind: a `starting` record naming no group, and a pid file.
 func startingRun(t *testing.T, pid int) *rundir.Dir {
 	t.Helper()
-	root, err := rundir.OpenRoot(filepath.Join(t.TempDir(), "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { root.Close() })
-	d, err := root.Create("adopt-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := runtest.RunDir(t, "adopt-1")
 	boot, _ := proc.BootID()
 	self, err := proc.ReadStat(os.Getpid())
 	if err != nil {
@@ -52,6 +43,42 @@ func startingRun(t *testing.T, pid int) *rundir.Dir {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// edit rewrites d's record through change, as a wrapper killed at another
+// moment would have left it.
+func edit(t *testing.T, d *rundir.Dir, change func(*statusfile.Record)) {
+	t.Helper()
+	rec, err := statusfile.Read(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(rec)
+	if err := statusfile.Write(d, rec, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inCgroup makes d's record name cgroup g, as a wrapper records it before
+// the fork.
+func inCgroup(t *testing.T, d *rundir.Dir, g string) {
+	t.Helper()
+	edit(t, d, func(rec *statusfile.Record) { rec.Boundary, rec.Cgroup = membership.BoundaryCgroup, g })
+}
+
+// replace removes d's file name and, unless data is nil, writes it anew
+// with data (empty, for a file created and not yet written).
+func replace(t *testing.T, d *rundir.Dir, name string, data []byte) {
+	t.Helper()
+	if err := d.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if data == nil {
+		return
+	}
+	if err := d.WriteOnce(name, data); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func startSleep(t *testing.T, setsid bool) proc.Stat {
@@ -98,12 +125,8 @@ func TestOutsideRefusesToAdoptAStranger(t *testing.T) {
 // to record it stopped, and leaves the record as it was.
 func TestOutsideRefusesUnknowableStart(t *testing.T) {
 	d := startingRun(t, 0)
-	if err := d.Remove(rundir.PIDFile); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.WriteOnce(rundir.StdoutFile, nil); err != nil {
-		t.Fatal(err)
-	}
+	replace(t, d, rundir.PIDFile, nil)
+	replace(t, d, rundir.StdoutFile, []byte{})
 	_, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
 	if !errors.Is(err, stop.ErrRefused) {
 		t.Fatalf("Outside on a run whose job may exist unseen: %v, want ErrRefused", err)
@@ -123,20 +146,8 @@ func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
 	leader := runtest.SpawnIn(t, g, "sleep", "600")
 	escapee := runtest.SpawnIn(t, g, "sleep", "600")
 	d := startingRun(t, 0)
-	if err := d.Remove(rundir.PIDFile); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.WriteOnce(rundir.PIDFile, nil); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := statusfile.Read(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.Boundary, rec.Cgroup = membership.BoundaryCgroup, g.Path
-	if err := statusfile.Write(d, rec, true); err != nil {
-		t.Fatal(err)
-	}
+	replace(t, d, rundir.PIDFile, []byte{})
+	inCgroup(t, d, g.Path)
 	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseLease, Intent: "deadline_expired", By: "watchdog"})
 	if err != nil {
 		t.Fatal(err)
@@ -157,14 +168,7 @@ func TestOutsideAdoptsFromCgroupWithEmptyPidFile(t *testing.T) {
 // cause cancel, still naming no process group.
 func cancelWhileStarting(t *testing.T, d *rundir.Dir) {
 	t.Helper()
-	rec, err := statusfile.Read(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.State, rec.Cause = statusfile.Cancelling, statusfile.CauseCancel
-	if err := statusfile.Write(d, rec, true); err != nil {
-		t.Fatal(err)
-	}
+	edit(t, d, func(rec *statusfile.Record) { rec.State, rec.Cause = statusfile.Cancelling, statusfile.CauseCancel })
 }
 
 // A cancel recorded while the wrapper was starting the job, and the
@@ -185,17 +189,8 @@ func TestOutsideAdoptsJobCancelledWhileStarting(t *testing.T) {
 				g := runtest.Cgroup(t, membership.CgroupName("adopt-1", os.Getpid()))
 				job = runtest.SpawnIn(t, g, "sleep", "600")
 				d = startingRun(t, 0)
-				if err := d.Remove(rundir.PIDFile); err != nil {
-					t.Fatal(err)
-				}
-				rec, err := statusfile.Read(d)
-				if err != nil {
-					t.Fatal(err)
-				}
-				rec.Boundary, rec.Cgroup = membership.BoundaryCgroup, g.Path
-				if err := statusfile.Write(d, rec, true); err != nil {
-					t.Fatal(err)
-				}
+				replace(t, d, rundir.PIDFile, nil)
+				inCgroup(t, d, g.Path)
 			}
 			cancelWhileStarting(t, d)
 			assertJudgedRunning(t, d, job.PID)
@@ -218,9 +213,7 @@ func TestOutsideAdoptsJobCancelledWhileStarting(t *testing.T) {
 // the same name in another directory.
 func TestOutsideAdoptsJobByItsLog(t *testing.T) {
 	d := startingRun(t, 0)
-	if err := d.Remove(rundir.PIDFile); err != nil {
-		t.Fatal(err)
-	}
+	replace(t, d, rundir.PIDFile, nil)
 	cancelWhileStarting(t, d)
 	logged := func(path string) proc.Stat {
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -276,20 +269,9 @@ func assertJudgedRunning(t *testing.T, d *rundir.Dir, job int) {
 func TestOutsideEmptyCgroupProvesNoJob(t *testing.T) {
 	g := runtest.Cgroup(t, membership.CgroupName("adopt-1", os.Getpid()))
 	d := startingRun(t, 0)
-	if err := d.Remove(rundir.PIDFile); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.WriteOnce(rundir.StdoutFile, nil); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := statusfile.Read(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.Boundary, rec.Cgroup = membership.BoundaryCgroup, g.Path
-	if err := statusfile.Write(d, rec, true); err != nil {
-		t.Fatal(err)
-	}
+	replace(t, d, rundir.PIDFile, nil)
+	replace(t, d, rundir.StdoutFile, []byte{})
+	inCgroup(t, d, g.Path)
 	cancelWhileStarting(t, d)
 	rep, err := stop.Outside(d, stop.Options{Grace: time.Second, Cause: statusfile.CauseCancel, Intent: "cancel_requested", By: "cancel"})
 	if err != nil {

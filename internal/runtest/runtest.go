@@ -23,6 +23,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/cgroup"
 	"github.com/agent-wrap/agent-wrap/journal"
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/rundir"
 	"github.com/agent-wrap/agent-wrap/statusfile"
 	"github.com/agent-wrap/agent-wrap/stop"
 )
@@ -419,6 +420,24 @@ func Exec(t testing.TB, root string, args ...string) (int, string, string) {
 // NewRoot returns a fresh run root in a test temp dir.
 func NewRoot(t testing.TB) string {
 	return filepath.Join(t.TempDir(), "runs")
+}
+
+// RunDir creates run id in a new root of its own and returns its
+// directory, open; the root and the directory are closed when the test
+// ends.
+func RunDir(t testing.TB, id string) *rundir.Dir {
+	t.Helper()
+	root, err := rundir.OpenRoot(NewRoot(t), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	d, err := root.Create(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }
 
 // JSON decodes one JSON object.
