@@ -15,19 +15,6 @@ import (
 	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
-// checkIDs prints why the first of ids that is no run ID is not, and
-// returns ExitUsage; 0 when all are run IDs.
-func (e *Env) checkIDs(ids ...string) int {
-	for _, id := range ids {
-		if err := rundir.ValidID(id); err != nil {
-			e.errorf("%v", err)
-			e.hint("run IDs match %s", rundir.IDPattern)
-			return ExitUsage
-		}
-	}
-	return 0
-}
-
 // openRun validates id, opens the root (never creating it) and the run
 // directory. On failure it prints the error and returns the exit code.
 func (e *Env) openRun(id string) (*rundir.Root, *rundir.Dir, int) {
