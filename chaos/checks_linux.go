@@ -55,10 +55,13 @@ const (
 	// else by a settle), with the host's outcome and exit code; the
 	// controller exits with that code, or 255.
 	CheckLedger = "ledger-truth"
+	// gc-safe (whenever gc runs): gc removes no run whose wrapper or a
+	// process of it is alive.
+	CheckGC = "gc-safe"
 )
 
 // Checkers lists every checker's name.
-var Checkers = []string{CheckLeaseBound, CheckTerminalTruth, CheckStatesForward, CheckNoRevival, CheckClaim, CheckJournal, CheckReconcile, CheckEndNothingAlive, CheckLedger}
+var Checkers = []string{CheckLeaseBound, CheckTerminalTruth, CheckStatesForward, CheckNoRevival, CheckClaim, CheckJournal, CheckReconcile, CheckEndNothingAlive, CheckLedger, CheckGC}
 
 var stateRank = map[string]int{
 	statusfile.Starting: 0, statusfile.Running: 1, statusfile.Cancelling: 2,
@@ -254,7 +257,7 @@ func (p *player) finalChecks() {
 func (p *player) endChecks(idx int, r *runState, ps []proc.Stat) {
 	dir := filepath.Join(r.u.root, r.id)
 	p.mu.Lock()
-	code, ended, torn := r.code, !r.ended.IsZero(), map[string]bool{}
+	code, ended, gcd, torn := r.code, !r.ended.IsZero(), r.gcd, map[string]bool{}
 	for k, v := range r.torn {
 		torn[k] = v
 	}
@@ -264,6 +267,9 @@ func (p *player) endChecks(idx int, r *runState, ps []proc.Stat) {
 		p.violate(CheckClaim, idx, "`run` exited 125 but left its directory %s: the ID is used up", dir)
 	}
 	if derr != nil {
+		if gcd {
+			p.logf("run %d: its directory was removed by gc; only the ledger is checked", idx)
+		}
 		if r.spec.SSH && p.ssh != nil {
 			p.checkLedger(idx, r, "none")
 		}
@@ -349,4 +355,41 @@ func (p *player) checkReconcile(idx int, r *runState, ps []proc.Stat) string {
 		p.violate(CheckReconcile, idx, "reconcile says %s (%s) while these run:\n%s", v.Outcome, v.Reason, describe(ps))
 	}
 	return v.Outcome
+}
+
+// gc runs `gc --older-than 1s` on u's root beside the live runs, and
+// checks what it removed (gc-safe): no process of a removed run and not
+// its wrapper may be alive after gc said it removed the run. A run gc
+// removed is left out of the end checks that read its directory.
+func (p *player) gc(u *userInfo) (bool, string) {
+	code, out := p.exec(u, 60*time.Second, "gc", "--older-than", "1s")
+	if code < 0 {
+		return false, firstLine(out)
+	}
+	var removed []string
+	for _, line := range strings.Split(out, "\n") {
+		id, ok := strings.CutPrefix(line, "removed ")
+		if !ok {
+			continue
+		}
+		id, _, _ = strings.Cut(id, " ")
+		for idx, r := range p.runs {
+			if r.u != u || r.id != id {
+				continue
+			}
+			removed = append(removed, id)
+			p.mu.Lock()
+			r.gcd = true
+			w := r.wrapper
+			p.mu.Unlock()
+			ps := p.scanTwice()[idx]
+			if w.PID > 1 && w.Start != 0 && proc.Alive(w.PID, w.Start) {
+				p.violate(CheckGC, idx, "gc removed %s while its wrapper (pid %d) was alive", id, w.PID)
+			}
+			if len(ps) > 0 {
+				p.violate(CheckGC, idx, "gc removed %s while these of it run:\n%s", id, describe(ps))
+			}
+		}
+	}
+	return true, fmt.Sprintf("exit %d, removed %d of ours %v", code, len(removed), removed)
 }

@@ -173,6 +173,30 @@ func (p *player) fault(st Step) {
 		} else {
 			note = fmt.Sprintf("pid %d", id.PID)
 		}
+	case "kill-sshd", "stop-sshd", "kill-ssh-client", "stop-ssh-client", "kill-master", "stop-master":
+		if p.ssh == nil {
+			landed, note = false, "no sshd"
+			break
+		}
+		var ids []proc.Identity
+		switch st.Fault[5:] {
+		case "sshd":
+			ids = p.ssh.sshdProcs(st.Fault == "stop-sshd")
+		case "ssh-client":
+			ids = p.ssh.clientsOf(p.controllerOf(r))
+		case "master":
+			ids = p.ssh.masters()
+		}
+		landed, note = p.signalEach(ids, strings.HasPrefix(st.Fault, "kill-"), st.Pause)
+	case "settle":
+		if p.ssh == nil {
+			landed, note = false, "no ledger"
+			break
+		}
+		code, out := p.exec(p.users[0], 60*time.Second, "settle", "--all", "--ledger", p.ssh.ledger)
+		note = fmt.Sprintf("exit %d %s", code, firstLine(out))
+	case "gc":
+		landed, note = p.gc(r.u)
 	case "fill":
 		note = p.fill(st.Pause)
 	case "ro":
@@ -217,6 +241,27 @@ func (p *player) fault(st Step) {
 		p.cov.Miss(st.Fault)
 	}
 	p.logf("fault %s on run %d in phase %s (aimed %s): landed %v %s", st.Fault, st.Run, ph, st.Aim, landed, note)
+}
+
+// signalEach SIGKILLs each of ids, or stops each for pause; it reports
+// whether any was hit, and which.
+func (p *player) signalEach(ids []proc.Identity, kill bool, pause time.Duration) (bool, string) {
+	var hit []string
+	for _, id := range ids {
+		var err error
+		if kill {
+			err = stop.Signal(id, unix.SIGKILL)
+		} else {
+			err = p.signalStop(id, pause)
+		}
+		if err == nil {
+			hit = append(hit, fmt.Sprint(id.PID))
+		}
+	}
+	if len(hit) == 0 {
+		return false, fmt.Sprintf("none of %d alive", len(ids))
+	}
+	return true, "pid " + strings.Join(hit, ", ")
 }
 
 // within polls cond for up to d, while r's `run` has not exited (any r

@@ -54,6 +54,7 @@ var hostFaults = []string{
 	"tear-status", "tear-deadline", "tear-journal", // a file of the run cut short or garbled
 	"cancel", "cancel2", // a cancel; two at once
 	"renew", // a renewal
+	"gc",    // not a fault but work beside the runs: `gc --older-than 1s` on the run's root
 }
 
 // sshFaults are what it does besides to a run driven by `agent-wrap ssh`.
@@ -61,6 +62,10 @@ var sshFaults = []string{
 	"cut",                                // every connection through the relay closed
 	"blackhole",                          // the relay forwards nothing, in either direction, for a pause
 	"kill-controller", "stop-controller", // the `agent-wrap ssh` process
+	"kill-sshd", "stop-sshd", // SIGKILL of every per-connection sshd; SIGSTOP of those and the listening sshd, SIGCONT after a pause
+	"kill-ssh-client", "stop-ssh-client", // the `ssh` processes the run's controller started (its children, masters aside)
+	"kill-master", "stop-master", // the ControlMasters the controllers recorded in their mux directory
+	"settle", // work beside the runs: `settle --all` of the controllers' ledger while they drive their runs
 }
 
 // Faults are every fault, as the coverage table lists them.
@@ -68,6 +73,9 @@ var Faults = append(append([]string{}, hostFaults...), sshFaults...)
 
 // Phases of a run in which a fault can land, as seen when it lands.
 var Phases = []string{"claim", "start", "running", "grace", "final"}
+
+// phaseRank orders Phases: a run only moves forward through them.
+var phaseRank = map[string]int{"claim": 0, "start": 1, "running": 2, "grace": 3, "final": 4}
 
 // RunSpec is one run of a schedule.
 type RunSpec struct {
@@ -208,12 +216,23 @@ func drawFaults(r *rand.Rand, rs RunSpec, o Options, list []string) []Step {
 			st.At = dl + rs.Grace + ms(0, 800)
 		}
 		st.Pause = ms(300, 4000)
+		if st.Fault == "fill" && phaseRank[st.Aim] <= phaseRank["start"] {
+			// A full disk at the launches refuses every claim of the
+			// schedule for as long as it lasts: short, so that the runs
+			// it spares live on to meet the later faults.
+			st.Pause /= 4
+		}
 		if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
 			st.Pause = ms(15000, 30000) // stopped past the lease bound
 		}
 		switch st.Fault {
 		case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
 			st.Arg = r.IntN(40) // ms from the helper's start to the signal
+			if st.Aim == "final" {
+				// Of a run that is over, a helper answers at once: only
+				// a signal sent within a few milliseconds finds it.
+				st.Arg /= 10
+			}
 		case "tear-status", "tear-deadline", "tear-journal":
 			st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
 		}

@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/internal/relay"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // The controller side: runs drawn with SSH go through `agent-wrap ssh`, to
@@ -50,12 +52,18 @@ func (h *harnessT) close() {
 	h.cleanups = nil
 }
 
-// sshSide is the sshd, the relay in front of it and the controller's ledger.
+// sshSide is the sshd, the relay in front of it, the controller's ledger
+// and the directory of its ControlMasters.
 type sshSide struct {
 	h      *harnessT
 	srv    *sshtest.Server
 	relay  *relay.Relay
 	ledger string
+	// mux is $AGENT_WRAP_MUX_DIR of every root command of the schedule:
+	// the controllers' masters (--mux auto, the default) are recorded
+	// there, where the nemesis and the teardown find them by PID and
+	// start time, apart from any other controller's on the machine.
+	mux string
 }
 
 // startSSH starts sshd and the relay for a schedule with SSH runs.
@@ -82,7 +90,58 @@ func (p *player) startSSH() (side *sshSide, err error) {
 		h.close()
 		return nil, err
 	}
-	return &sshSide{h: h, srv: srv, relay: rl, ledger: ledger}, nil
+	mux := filepath.Join(p.base, "mux")
+	if err := os.Mkdir(mux, 0o700); err != nil {
+		h.close()
+		return nil, err
+	}
+	return &sshSide{h: h, srv: srv, relay: rl, ledger: ledger, mux: mux}, nil
+}
+
+// masters are the ControlMasters recorded in the schedule's mux
+// directory and still alive (start time checked).
+func (s *sshSide) masters() []proc.Identity {
+	var out []proc.Identity
+	for _, m := range controller.RecordedMasters(s.mux) {
+		out = append(out, proc.Identity{PID: m.PID, Start: m.Start})
+	}
+	return out
+}
+
+// sshdProcs are the per-connection sshd processes (the listening sshd's
+// children), and with listener the listening sshd first.
+func (s *sshSide) sshdProcs(listener bool) []proc.Identity {
+	var out []proc.Identity
+	if listener {
+		out = append(out, proc.Identity{PID: s.srv.PID(), Start: s.srv.StartTime()})
+	}
+	return append(out, childrenOf(s.srv.PID(), nil)...)
+}
+
+// clientsOf are the `ssh` clients of the controller id: its children,
+// less the masters (a master forks into the background, and may land
+// under a controller that is a subreaper).
+func (s *sshSide) clientsOf(id proc.Identity) []proc.Identity {
+	if id.PID <= 1 {
+		return nil
+	}
+	skip := map[int]bool{}
+	for _, m := range s.masters() {
+		skip[m.PID] = true
+	}
+	return childrenOf(id.PID, skip)
+}
+
+// childrenOf lists the live children of ppid, but those in skip.
+func childrenOf(ppid int, skip map[int]bool) []proc.Identity {
+	all, _ := proc.Scan()
+	var out []proc.Identity
+	for _, st := range all {
+		if st.PPID == ppid && !st.Dead() && !skip[st.PID] {
+			out = append(out, proc.Identity{PID: st.PID, Start: st.Start})
+		}
+	}
+	return out
 }
 
 // rsh is the --rsh of the controller runs: ssh to the test sshd through
