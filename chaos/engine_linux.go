@@ -593,12 +593,14 @@ func (p *player) awaitPhase(r *runState, aim string) {
 	if bound == 0 {
 		return
 	}
+	// Polled every 5 ms: a run whose job obeys TERM is in its grace
+	// (cancelling) for a few tens of milliseconds.
 	until := time.Now().Add(bound)
 	for time.Now().Before(until) && phaseRank[p.phase(r)] < phaseRank[aim] && !p.neverClaimed(r) {
 		select {
 		case <-p.quit:
 			return
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }

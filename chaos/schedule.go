@@ -175,19 +175,15 @@ func Generate(seed uint64, o Options) Schedule {
 			s.Runs = append(s.Runs, run)
 			s.Steps = append(s.Steps, drawFaults(rs2, run, o, Faults)...)
 			// And 1 to 3 faults of the controller's own, past its claim,
-			// from a third stream: drawn over all faults, these four are
-			// too rare in a run's later phases to be covered, and the
-			// first two streams stay what they were.
-			extra := drawFaults(rs3, run, Options{Faults: 2}, sshFaults)
-			for i := range extra {
-				if extra[i].Aim == "claim" {
-					extra[i] = Step{} // dropped: the claim is covered without them
-				}
-			}
-			for _, st := range extra[:min(3, len(extra))] {
-				if st.Fault != "" {
-					s.Steps = append(s.Steps, st)
-				}
+			// from a third stream (the first two stay what they were).
+			// Drawn over all faults, these are too rare to cover every
+			// phase, and the late ones are narrow (a controller lives
+			// past its host's final record only for a moment): the
+			// phase is drawn first, grace and final twice as often.
+			late := []string{"start", "running", "grace", "grace", "final", "final"}
+			for range 1 + rs3.IntN(3) {
+				st := Step{Fault: sshFaults[rs3.IntN(len(sshFaults))], Run: run.Index, Aim: late[rs3.IntN(len(late))]}
+				s.Steps = append(s.Steps, timeFault(rs3, run, st))
 			}
 		}
 	}
@@ -197,48 +193,54 @@ func Generate(seed uint64, o Options) Schedule {
 
 // drawFaults draws the faults of run rs from list.
 func drawFaults(r *rand.Rand, rs RunSpec, o Options, list []string) []Step {
-	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
 	var out []Step
 	n := 1 + r.IntN(2*o.Faults)
 	for j := 0; j < n; j++ {
 		st := Step{Fault: list[r.IntN(len(list))], Run: rs.Index, Aim: Phases[r.IntN(len(Phases))]}
-		dl := rs.At + rs.Lease
-		switch st.Aim {
-		case "claim":
-			st.At = rs.At
-		case "start":
-			st.At = rs.At + ms(5, 60)
-		case "running":
-			st.At = rs.At + ms(200, int(rs.Lease/time.Millisecond)-200)
-		case "grace":
-			st.At = dl + ms(0, int(rs.Grace/time.Millisecond))
-		case "final":
-			st.At = dl + rs.Grace + ms(0, 800)
-		}
-		st.Pause = ms(300, 4000)
-		if st.Fault == "fill" && phaseRank[st.Aim] <= phaseRank["start"] {
-			// A full disk at the launches refuses every claim of the
-			// schedule for as long as it lasts: short, so that the runs
-			// it spares live on to meet the later faults.
-			st.Pause /= 4
-		}
-		if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
-			st.Pause = ms(15000, 30000) // stopped past the lease bound
-		}
-		switch st.Fault {
-		case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
-			st.Arg = r.IntN(40) // ms from the helper's start to the signal
-			if st.Aim == "final" {
-				// Of a run that is over, a helper answers at once: only
-				// a signal sent within a few milliseconds finds it.
-				st.Arg /= 10
-			}
-		case "tear-status", "tear-deadline", "tear-journal":
-			st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
-		}
-		out = append(out, st)
+		out = append(out, timeFault(r, rs, st))
 	}
 	return out
+}
+
+// timeFault draws the moment of st in the phase it is aimed at, and its
+// pause and argument.
+func timeFault(r *rand.Rand, rs RunSpec, st Step) Step {
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
+	dl := rs.At + rs.Lease
+	switch st.Aim {
+	case "claim":
+		st.At = rs.At
+	case "start":
+		st.At = rs.At + ms(5, 60)
+	case "running":
+		st.At = rs.At + ms(200, int(rs.Lease/time.Millisecond)-200)
+	case "grace":
+		st.At = dl + ms(0, int(rs.Grace/time.Millisecond))
+	case "final":
+		st.At = dl + rs.Grace + ms(0, 800)
+	}
+	st.Pause = ms(300, 4000)
+	if st.Fault == "fill" && phaseRank[st.Aim] <= phaseRank["start"] {
+		// A full disk at the launches refuses every claim of the
+		// schedule for as long as it lasts: short, so that the runs
+		// it spares live on to meet the later faults.
+		st.Pause /= 4
+	}
+	if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
+		st.Pause = ms(15000, 30000) // stopped past the lease bound
+	}
+	switch st.Fault {
+	case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
+		st.Arg = r.IntN(40) // ms from the helper's start to the signal
+		if st.Aim == "final" {
+			// Of a run that is over, a helper answers at once: only
+			// a signal sent within a few milliseconds finds it.
+			st.Arg /= 10
+		}
+	case "tear-status", "tear-deadline", "tear-journal":
+		st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
+	}
+	return st
 }
 
 func (s *Schedule) sort() {
