@@ -171,7 +171,9 @@ func (p *player) checkOnce() {
 		bound, how := p.boundOf(r)
 		state := r.state
 		p.mu.Unlock()
-		if len(ps) > 0 && now.After(bound) {
+		if len(ps) > 0 && now.After(bound) && p.unseenEscapes(idx, r, ps) {
+			// outside the contract: noted in the timeline
+		} else if len(ps) > 0 && now.After(bound) {
 			p.violate(CheckLeaseBound, idx, "alive at %s past the bound %s\nbound: %s\nrecord state %q (harness saw), `run` exited %v (%d)\n%s",
 				p.at(now), p.at(bound), how, state, ended, code, describe(ps))
 		}
@@ -188,6 +190,44 @@ func (p *player) checkOnce() {
 			}
 		}
 	}
+}
+
+// unseenEscapes reports whether every one of ps is an escape the contract
+// does not cover: the run's terminal record says its stop could see the
+// session only (no cgroup, stopped from outside its wrapper, which the
+// nemesis killed or stopped), and each process left the recorded session
+// and is not among the escapes the record lists. CONTRACT.md: such a stop
+// "cannot see escapes the wrapper never recorded: the final record and
+// reconcile say so". The lease bound does not hold for them; what must
+// hold is that the record does not claim otherwise (terminal-truth,
+// reconcile-truth). The first time, the timeline says so.
+func (p *player) unseenEscapes(idx int, r *runState, ps []proc.Stat) bool {
+	b, err := os.ReadFile(filepath.Join(r.u.root, r.id, "status.json"))
+	if err != nil || !sessionOnly(b) {
+		return false
+	}
+	rec, err := statusfile.Parse(b)
+	if err != nil || !statusfile.Terminal(rec.State) || rec.SID <= 1 {
+		return false
+	}
+	listed := map[int]bool{}
+	for _, e := range rec.Escaped {
+		listed[e.PID] = true
+	}
+	for _, s := range ps {
+		if s.SID == rec.SID || listed[s.PID] {
+			return false
+		}
+	}
+	p.mu.Lock()
+	first := !r.violated["unseen-escapes"]
+	r.violated["unseen-escapes"] = true
+	p.mu.Unlock()
+	if first {
+		p.logf("run %d: %d escape(s) of its session alive past the bound; the record (%s, containment session) does not vouch for them, as the contract allows:\n%s",
+			idx, len(ps), rec.State, indent(describe(ps)))
+	}
+	return true
 }
 
 // sessionOnly reports whether a record says its stop could only see the
@@ -231,6 +271,9 @@ func (p *player) finalChecks() {
 			p.mu.Lock()
 			bound, how := p.boundOf(r)
 			p.mu.Unlock()
+			if p.unseenEscapes(idx, r, ps) {
+				continue
+			}
 			if time.Now().Before(bound) && p.endedEarly {
 				// The schedule ended early (another check failed): a run
 				// still inside its bound is not judged alive "at the end".

@@ -365,6 +365,11 @@ func (p *player) tear(r *runState, name string, mode int) (bool, string) {
 	if err != nil {
 		return false, err.Error()
 	}
+	// Torn from the first attempt on: a write that fails (a full disk)
+	// may already have truncated the file.
+	p.mu.Lock()
+	r.torn[name] = true
+	p.mu.Unlock()
 	switch mode {
 	case 0:
 		err = os.Truncate(path, max(fi.Size()-3, 0))
@@ -376,9 +381,6 @@ func (p *player) tear(r *runState, name string, mode int) (bool, string) {
 	if err != nil {
 		return false, err.Error()
 	}
-	p.mu.Lock()
-	r.torn[name] = true
-	p.mu.Unlock()
 	return true, fmt.Sprintf("%s mode %d", name, mode)
 }
 

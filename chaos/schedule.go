@@ -41,6 +41,11 @@ var Shapes = []string{
 	"sleeper",    // one long sleep
 }
 
+// Nested is a shape of controller runs only: the job is itself an
+// `agent-wrap ssh` (--mux off, lease 2s, grace 1s) to the same sshd and
+// root, whose own job sleeps. One controller run in four is nested.
+const Nested = "nested"
+
 // hostFaults are what the nemesis does to any run. Each targets one run
 // (see Step.Run).
 var hostFaults = []string{
@@ -89,6 +94,12 @@ type RunSpec struct {
 	// SSH: driven by `agent-wrap ssh` from this machine, through the
 	// relay, to the sshd on 127.0.0.1 (as root; Fg and Other do not apply).
 	SSH bool
+	// LateRenew (SSH runs only): the controller renews every 3 leases
+	// (--renew-every), too late to hold the lease: the run meets its
+	// deadline and grace while its controller still drives it, as a
+	// controller too slow to renew would. Without it a controller
+	// renews until the job ends, and a 60 s job never sees its deadline.
+	LateRenew bool
 }
 
 // Step is one fault.
@@ -172,6 +183,10 @@ func Generate(seed uint64, o Options) Schedule {
 		for k := 0; k < n; k++ {
 			run := RunSpec{Index: o.Runs + k, At: time.Duration(rs2.IntN(1501)) * time.Millisecond, Shape: Shapes[rs2.IntN(len(Shapes))],
 				Lease: time.Duration(2+rs2.IntN(3)) * time.Second, Grace: time.Duration(1+rs2.IntN(2)) * time.Second, SSH: true}
+			if rs3.IntN(4) == 0 {
+				run.Shape = Nested
+			}
+			run.LateRenew = rs3.IntN(2) == 0
 			s.Runs = append(s.Runs, run)
 			s.Steps = append(s.Steps, drawFaults(rs2, run, o, Faults)...)
 			// And 1 to 3 faults of the controller's own, past its claim,
@@ -185,6 +200,19 @@ func Generate(seed uint64, o Options) Schedule {
 				st := Step{Fault: sshFaults[rs3.IntN(len(sshFaults))], Run: run.Index, Aim: late[rs3.IntN(len(late))]}
 				s.Steps = append(s.Steps, timeFault(rs3, run, st))
 			}
+		}
+	}
+	// A full disk while runs are still being claimed refuses every claim
+	// of the schedule for as long as it lasts: such a fill is cut to a
+	// quarter, so that the runs it spares live on to meet the later
+	// faults (a controller run's host claims up to 2 s after its launch).
+	var lastLaunch time.Duration
+	for _, rs := range s.Runs {
+		lastLaunch = max(lastLaunch, rs.At)
+	}
+	for i, st := range s.Steps {
+		if st.Fault == "fill" && st.At < lastLaunch+2*time.Second {
+			s.Steps[i].Pause = st.Pause / 4
 		}
 	}
 	s.sort()
@@ -220,12 +248,6 @@ func timeFault(r *rand.Rand, rs RunSpec, st Step) Step {
 		st.At = dl + rs.Grace + ms(0, 800)
 	}
 	st.Pause = ms(300, 4000)
-	if st.Fault == "fill" && phaseRank[st.Aim] <= phaseRank["start"] {
-		// A full disk at the launches refuses every claim of the
-		// schedule for as long as it lasts: short, so that the runs
-		// it spares live on to meet the later faults.
-		st.Pause /= 4
-	}
 	if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
 		st.Pause = ms(15000, 30000) // stopped past the lease bound
 	}
@@ -271,6 +293,9 @@ func (s Schedule) Until(t time.Duration) string {
 		}
 		if r.SSH {
 			who, mode = "root", "through agent-wrap ssh"
+			if r.LateRenew {
+				mode += " renewing too late"
+			}
 		}
 		ls = append(ls, line{r.At, fmt.Sprintf("run %d: %s %s as %s, lease %v grace %v", r.Index, r.Shape, mode, who, r.Lease, r.Grace)})
 	}

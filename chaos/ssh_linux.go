@@ -90,6 +90,10 @@ func (p *player) startSSH() (side *sshSide, err error) {
 		h.close()
 		return nil, err
 	}
+	if err := os.Mkdir(ledger+"-nested", 0o700); err != nil {
+		h.close()
+		return nil, err
+	}
 	mux := filepath.Join(p.base, "mux")
 	if err := os.Mkdir(mux, 0o700); err != nil {
 		h.close()
@@ -158,9 +162,29 @@ func (p *player) sshArgs(r *runState) []string {
 	rs := r.spec
 	args := []string{"ssh", "--rsh", p.ssh.rsh(), "--remote-bin", p.bin, "--remote-root", r.u.root,
 		"--id", r.id, "--lease", fmt.Sprint(rs.Lease), "--grace", fmt.Sprint(rs.Grace),
-		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger,
-		p.ssh.srv.Destination(), "--", "env", r.tag}
+		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger}
+	if rs.LateRenew {
+		args = append(args, "--renew-every", fmt.Sprint(3*rs.Lease))
+	}
+	args = append(args, p.ssh.srv.Destination(), "--", "env", r.tag)
+	if rs.Shape == Nested {
+		return append(args, p.nestedJob(r)...)
+	}
 	return append(args, shapeScript(rs.Shape, rs.Index)...)
+}
+
+// nestedJob is the job of a nested controller run: `agent-wrap ssh` from
+// the host back to the same sshd and root, with a run of its own (ID
+// r.id-n) whose job sleeps with r's tag, so that every process of both
+// runs is r's. It has a ledger of its own (not judged by ledger-truth)
+// and no masters (--mux off): a master it started would carry the tag
+// and outlive a killed controller by ControlPersist's 60 s. Its lease
+// and grace are short, so that once the outer run's stop has killed it,
+// the inner run ends by its own lease well inside the outer's bound.
+func (p *player) nestedJob(r *runState) []string {
+	return []string{p.bin, "ssh", "--mux", "off", "--rsh", p.ssh.rsh(), "--remote-bin", p.bin, "--remote-root", r.u.root,
+		"--id", r.id + "-n", "--lease", "2s", "--grace", "1s", "--give-up", "8s", "--ledger", p.ssh.ledger + "-nested",
+		p.ssh.srv.Destination(), "--", "env", r.tag, "sleep", "60"}
 }
 
 // ledgerOf reads the controller's record of r (nil if none).
@@ -188,6 +212,12 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 	case <-time.After(r.spec.Lease + r.spec.Grace + 30*time.Second):
 		p.violate(CheckLedger, idx, "the controller still runs %v after the end of the schedule, past its --give-up", r.spec.Lease+r.spec.Grace+30*time.Second)
 		return
+	}
+	if r.spec.Shape == Nested {
+		// Not judged (its controller is the outer job, killed with it):
+		// shown, so that a reader sees the nested run happened.
+		b, _ := os.ReadFile(filepath.Join(p.ssh.ledger+"-nested", r.id+"-n.json"))
+		p.logf("run %d: the nested controller's ledger record: %s", idx, firstLine(string(b)))
 	}
 	m := p.ledgerOf(r)
 	p.mu.Lock()
