@@ -196,9 +196,9 @@ func (p *player) checkOnce() {
 // does not cover: the run's terminal record says its stop could see the
 // session only (no cgroup, stopped from outside its wrapper, which the
 // nemesis killed or stopped), and each process left the recorded session
-// and is not among the escapes the record lists. CONTRACT.md: such a stop
-// "cannot see escapes the wrapper never recorded: the final record and
-// reconcile say so". The lease bound does not hold for them; what must
+// and is not among the escapes the record lists. Such a stop cannot see
+// escapes the wrapper never recorded, and its final record and reconcile
+// say so (docs/design.md, "How a run is stopped"). The lease bound does not hold for them; what must
 // hold is that the record does not claim otherwise (terminal-truth,
 // reconcile-truth). The first time, the timeline says so.
 func (p *player) unseenEscapes(idx int, r *runState, ps []proc.Stat) bool {

@@ -194,8 +194,9 @@ func Generate(seed uint64, o Options) Schedule {
 			// Drawn over all faults, these are too rare to cover every
 			// phase, and the late ones are narrow (a controller lives
 			// past its host's final record only for a moment): the
-			// phase is drawn first, grace and final twice as often.
-			late := []string{"start", "running", "grace", "grace", "final", "final"}
+			// phase is drawn first: grace three times as often as start
+			// or running, final twice.
+			late := []string{"start", "running", "grace", "grace", "grace", "final", "final"}
 			for range 1 + rs3.IntN(3) {
 				st := Step{Fault: sshFaults[rs3.IntN(len(sshFaults))], Run: run.Index, Aim: late[rs3.IntN(len(late))]}
 				s.Steps = append(s.Steps, timeFault(rs3, run, st))
