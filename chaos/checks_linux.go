@@ -177,7 +177,7 @@ func (p *player) checkOnce() {
 			p.violate(CheckLeaseBound, idx, "alive at %s past the bound %s\nbound: %s\nrecord state %q (harness saw), `run` exited %v (%d)\n%s",
 				p.at(now), p.at(bound), how, state, ended, code, describe(ps))
 		}
-		if ended && code == 125 && len(ps) > 0 {
+		if ended && code == 125 && len(ps) > 0 && r.spec.Shape != Nested {
 			p.violate(CheckClaim, idx, "`run` exited 125 (nothing started) but the job runs:\n%s", describe(ps))
 		}
 		if rec != nil && statusfile.Terminal(rec.State) {
@@ -306,7 +306,9 @@ func (p *player) endChecks(idx int, r *runState, ps []proc.Stat) {
 	}
 	p.mu.Unlock()
 	_, derr := os.Lstat(dir)
-	if ended && code == 125 && derr == nil {
+	// A nested run's controller passes on its job's code, and its job is
+	// a controller too: 125 may be the inner run's claim refused.
+	if ended && code == 125 && derr == nil && r.spec.Shape != Nested {
 		p.violate(CheckClaim, idx, "`run` exited 125 but left its directory %s: the ID is used up", dir)
 	}
 	if derr != nil {
@@ -319,13 +321,22 @@ func (p *player) endChecks(idx int, r *runState, ps []proc.Stat) {
 		return
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "status.json"))
+	// `run` SIGKILLed by the nemesis (exit -1) before its first record:
+	// nothing could undo its claim, and nothing was started (the job
+	// starts after the record). What must hold is that nothing of it runs
+	// and reconcile does not call it over (reconcile-truth, below).
+	killedInClaim := ended && code == -1 && errors.Is(err, fs.ErrNotExist) && !r.spec.SSH
 	if err == nil {
 		_, err = statusfile.Parse(b)
 	}
-	if err != nil && !torn["status.json"] && ended && code != 125 {
+	if killedInClaim && len(ps) > 0 {
+		p.violate(CheckClaim, idx, "`run` was killed before its first record, yet these of the run are alive:\n%s", describe(ps))
+	} else if killedInClaim {
+		p.logf("run %d: `run` was killed in its claim: its directory is left with no record", idx)
+	} else if err != nil && !torn["status.json"] && ended && code != 125 {
 		p.violate(CheckClaim, idx, "`run` exited %d and the run has no readable record: %v", code, err)
 	}
-	if !torn["events.jsonl"] {
+	if !torn["events.jsonl"] && !killedInClaim {
 		p.checkJournal(idx, dir)
 	}
 	outcome := p.checkReconcile(idx, r, ps)
