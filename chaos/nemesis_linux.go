@@ -179,13 +179,22 @@ func (p *player) fault(st Step) {
 			break
 		}
 		var ids []proc.Identity
-		switch st.Fault[5:] {
-		case "sshd":
-			ids = p.ssh.sshdProcs(st.Fault == "stop-sshd")
-		case "ssh-client":
-			ids = p.ssh.clientsOf(p.controllerOf(r))
-		case "master":
-			ids = p.ssh.masters()
+		find := func() bool {
+			switch st.Fault[5:] {
+			case "sshd":
+				ids = p.ssh.sshdProcs(st.Fault == "stop-sshd")
+			case "ssh-client":
+				ids = p.ssh.clientsOf(p.controllerOf(r))
+			case "master":
+				ids = p.ssh.masters()
+			}
+			return len(ids) > 0
+		}
+		if !find() {
+			// Between two calls of the controller: wait a moment for
+			// its next client (or connection, or master).
+			p.within(time.Second, nil, find) // a /proc scan each time: every 100 ms
+			ph = p.phase(r)
 		}
 		landed, note = p.signalEach(ids, strings.HasPrefix(st.Fault, "kill-"), st.Pause)
 	case "settle":
