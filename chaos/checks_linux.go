@@ -365,17 +365,28 @@ func (p *player) checkJournal(idx int, dir string) {
 		p.violate(CheckJournal, idx, "read: %v", err)
 		return
 	}
+	// A stop whose intent could not be journaled (a read-only root) goes
+	// ahead and journals intent_unrecorded once it can: maybe after its
+	// first signal_sent (docs/reference.md, "When the disk breaks").
+	unrecorded := false
+	for _, e := range es {
+		unrecorded = unrecorded || e.Event == "intent_unrecorded"
+	}
 	var seen []string
 	for _, e := range es {
 		if e.Event == "signal_sent" {
-			ok := false
+			ok := unrecorded
 			for _, s := range seen {
 				if s == "deadline_expired" || s == "cancel_requested" || s == "leader_exited" {
 					ok = true
 				}
 			}
 			if !ok {
-				p.violate(CheckJournal, idx, "signal_sent (seq %d) with no intent before it; events so far: %s", e.Seq, strings.Join(seen, " "))
+				var all []string
+				for _, e := range es {
+					all = append(all, e.Event)
+				}
+				p.violate(CheckJournal, idx, "signal_sent (seq %d) with no intent before it, and no intent_unrecorded; events: %s", e.Seq, strings.Join(all, " "))
 			}
 			return
 		}
