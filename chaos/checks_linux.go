@@ -55,10 +55,13 @@ const (
 	// else by a settle), with the host's outcome and exit code; the
 	// controller exits with that code, or 255.
 	CheckLedger = "ledger-truth"
+	// gc-safe (whenever gc runs): gc removes no run whose wrapper or a
+	// process of it is alive.
+	CheckGC = "gc-safe"
 )
 
 // Checkers lists every checker's name.
-var Checkers = []string{CheckLeaseBound, CheckTerminalTruth, CheckStatesForward, CheckNoRevival, CheckClaim, CheckJournal, CheckReconcile, CheckEndNothingAlive, CheckLedger}
+var Checkers = []string{CheckLeaseBound, CheckTerminalTruth, CheckStatesForward, CheckNoRevival, CheckClaim, CheckJournal, CheckReconcile, CheckEndNothingAlive, CheckLedger, CheckGC}
 
 var stateRank = map[string]int{
 	statusfile.Starting: 0, statusfile.Running: 1, statusfile.Cancelling: 2,
@@ -172,11 +175,13 @@ func (p *player) checkOnce() {
 		bound, how := p.boundOf(r)
 		state := r.state
 		p.mu.Unlock()
-		if len(ps) > 0 && now.After(bound) {
+		if len(ps) > 0 && now.After(bound) && p.unseenEscapes(idx, r, ps) {
+			// outside the contract: noted in the timeline
+		} else if len(ps) > 0 && now.After(bound) {
 			p.violate(CheckLeaseBound, idx, "alive at %s past the bound %s\nbound: %s\nrecord state %q (harness saw), `run` exited %v (%d)\n%s",
 				p.at(now), p.at(bound), how, state, ended, code, describe(ps))
 		}
-		if ended && code == 125 && len(ps) > 0 {
+		if ended && code == 125 && len(ps) > 0 && r.spec.Shape != Nested {
 			p.violate(CheckClaim, idx, "`run` exited 125 (nothing started) but the job runs:\n%s", describe(ps))
 		}
 		if rec != nil && statusfile.Terminal(rec.State) {
@@ -189,6 +194,44 @@ func (p *player) checkOnce() {
 			}
 		}
 	}
+}
+
+// unseenEscapes reports whether every one of ps is an escape the contract
+// does not cover: the run's terminal record says its stop could see the
+// session only (no cgroup, stopped from outside its wrapper, which the
+// nemesis killed or stopped), and each process left the recorded session
+// and is not among the escapes the record lists. Such a stop cannot see
+// escapes the wrapper never recorded, and its final record and reconcile
+// say so (docs/design.md, "How a run is stopped"). The lease bound does not hold for them; what must
+// hold is that the record does not claim otherwise (terminal-truth,
+// reconcile-truth). The first time, the timeline says so.
+func (p *player) unseenEscapes(idx int, r *runState, ps []proc.Stat) bool {
+	b, err := os.ReadFile(filepath.Join(r.u.root, r.id, "status.json"))
+	if err != nil || !sessionOnly(b) {
+		return false
+	}
+	rec, err := statusfile.Parse(b)
+	if err != nil || !statusfile.Terminal(rec.State) || rec.SID <= 1 {
+		return false
+	}
+	listed := map[int]bool{}
+	for _, e := range rec.Escaped {
+		listed[e.PID] = true
+	}
+	for _, s := range ps {
+		if s.SID == rec.SID || listed[s.PID] {
+			return false
+		}
+	}
+	p.mu.Lock()
+	first := !r.violated["unseen-escapes"]
+	r.violated["unseen-escapes"] = true
+	p.mu.Unlock()
+	if first {
+		p.logf("run %d: %d escape(s) of its session alive past the bound; the record (%s, containment session) does not vouch for them, as the contract allows:\n%s",
+			idx, len(ps), rec.State, indent(describe(ps)))
+	}
+	return true
 }
 
 // sessionOnly reports whether a record says its stop could only see the
@@ -232,6 +275,9 @@ func (p *player) finalChecks() {
 			p.mu.Lock()
 			bound, how := p.boundOf(r)
 			p.mu.Unlock()
+			if p.unseenEscapes(idx, r, ps) {
+				continue
+			}
 			if time.Now().Before(bound) && p.endedEarly {
 				// The schedule ended early (another check failed): a run
 				// still inside its bound is not judged alive "at the end".
@@ -258,29 +304,43 @@ func (p *player) finalChecks() {
 func (p *player) endChecks(idx int, r *runState, ps []proc.Stat) {
 	dir := filepath.Join(r.u.root, r.id)
 	p.mu.Lock()
-	code, ended, torn := r.code, !r.ended.IsZero(), map[string]bool{}
+	code, ended, gcd, torn := r.code, !r.ended.IsZero(), r.gcd, map[string]bool{}
 	for k, v := range r.torn {
 		torn[k] = v
 	}
 	p.mu.Unlock()
 	_, derr := os.Lstat(dir)
-	if ended && code == 125 && derr == nil {
+	// A nested run's controller passes on its job's code, and its job is
+	// a controller too: 125 may be the inner run's claim refused.
+	if ended && code == 125 && derr == nil && r.spec.Shape != Nested {
 		p.violate(CheckClaim, idx, "`run` exited 125 but left its directory %s: the ID is used up", dir)
 	}
 	if derr != nil {
+		if gcd {
+			p.logf("run %d: its directory was removed by gc; only the ledger is checked", idx)
+		}
 		if r.spec.SSH && p.ssh != nil {
 			p.checkLedger(idx, r, "none")
 		}
 		return
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "status.json"))
+	// `run` SIGKILLed by the nemesis (exit -1) before its first record:
+	// nothing could undo its claim, and nothing was started (the job
+	// starts after the record). What must hold is that nothing of it runs
+	// and reconcile does not call it over (reconcile-truth, below).
+	killedInClaim := ended && code == -1 && errors.Is(err, fs.ErrNotExist) && !r.spec.SSH
 	if err == nil {
 		_, err = statusfile.Parse(b)
 	}
-	if err != nil && !torn["status.json"] && ended && code != 125 {
+	if killedInClaim && len(ps) > 0 {
+		p.violate(CheckClaim, idx, "`run` was killed before its first record, yet these of the run are alive:\n%s", describe(ps))
+	} else if killedInClaim {
+		p.logf("run %d: `run` was killed in its claim: its directory is left with no record", idx)
+	} else if err != nil && !torn["status.json"] && ended && code != 125 {
 		p.violate(CheckClaim, idx, "`run` exited %d and the run has no readable record: %v", code, err)
 	}
-	if !torn["events.jsonl"] {
+	if !torn["events.jsonl"] && !killedInClaim {
 		p.checkJournal(idx, dir)
 	}
 	outcome := p.checkReconcile(idx, r, ps)
@@ -309,17 +369,28 @@ func (p *player) checkJournal(idx int, dir string) {
 		p.violate(CheckJournal, idx, "read: %v", err)
 		return
 	}
+	// A stop whose intent could not be journaled (a read-only root) goes
+	// ahead and journals intent_unrecorded once it can: maybe after its
+	// first signal_sent (docs/reference.md, "When the disk breaks").
+	unrecorded := false
+	for _, e := range es {
+		unrecorded = unrecorded || e.Event == "intent_unrecorded"
+	}
 	var seen []string
 	for _, e := range es {
 		if e.Event == "signal_sent" {
-			ok := false
+			ok := unrecorded
 			for _, s := range seen {
 				if s == "deadline_expired" || s == "cancel_requested" || s == "leader_exited" {
 					ok = true
 				}
 			}
 			if !ok {
-				p.violate(CheckJournal, idx, "signal_sent (seq %d) with no intent before it; events so far: %s", e.Seq, strings.Join(seen, " "))
+				var all []string
+				for _, e := range es {
+					all = append(all, e.Event)
+				}
+				p.violate(CheckJournal, idx, "signal_sent (seq %d) with no intent before it, and no intent_unrecorded; events: %s", e.Seq, strings.Join(all, " "))
 			}
 			return
 		}
@@ -353,4 +424,41 @@ func (p *player) checkReconcile(idx int, r *runState, ps []proc.Stat) string {
 		p.violate(CheckReconcile, idx, "reconcile says %s (%s) while these run:\n%s", v.Outcome, v.Reason, describe(ps))
 	}
 	return v.Outcome
+}
+
+// gc runs `gc --older-than 1s` on u's root beside the live runs, and
+// checks what it removed (gc-safe): no process of a removed run and not
+// its wrapper may be alive after gc said it removed the run. A run gc
+// removed is left out of the end checks that read its directory.
+func (p *player) gc(u *userInfo) (bool, string) {
+	code, out := p.exec(u, 60*time.Second, "gc", "--older-than", "1s")
+	if code < 0 {
+		return false, firstLine(out)
+	}
+	var removed []string
+	for _, line := range strings.Split(out, "\n") {
+		id, ok := strings.CutPrefix(line, "removed ")
+		if !ok {
+			continue
+		}
+		id, _, _ = strings.Cut(id, " ")
+		for idx, r := range p.runs {
+			if r.u != u || r.id != id {
+				continue
+			}
+			removed = append(removed, id)
+			p.mu.Lock()
+			r.gcd = true
+			w := r.wrapper
+			p.mu.Unlock()
+			ps := p.scanTwice()[idx]
+			if w.PID > 1 && w.Start != 0 && proc.Alive(w.PID, w.Start) {
+				p.violate(CheckGC, idx, "gc removed %s while its wrapper (pid %d) was alive", id, w.PID)
+			}
+			if len(ps) > 0 {
+				p.violate(CheckGC, idx, "gc removed %s while these of it run:\n%s", id, describe(ps))
+			}
+		}
+	}
+	return true, fmt.Sprintf("exit %d, removed %d of ours %v", code, len(removed), removed)
 }

@@ -102,13 +102,13 @@ func (c *Coverage) Add(o *Coverage) {
 func (c *Coverage) String() string {
 	c.mu.Lock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-14s", "fault")
+	fmt.Fprintf(&b, "%-16s", "fault")
 	for _, p := range Phases {
 		fmt.Fprintf(&b, " %8s", p)
 	}
 	fmt.Fprintf(&b, " %8s\n", "no-land")
 	for _, f := range Faults {
-		fmt.Fprintf(&b, "%-14s", f)
+		fmt.Fprintf(&b, "%-16s", f)
 		for _, p := range Phases {
 			fmt.Fprintf(&b, " %8d", c.hits[f+" "+p])
 		}

@@ -137,6 +137,7 @@ type runState struct {
 	wrapper   proc.Identity
 	torn      map[string]bool // files the harness tore
 	terminal  bool
+	gcd       bool // gc said it removed the run's directory
 	judged    bool // terminal truth checked
 	violated  map[string]bool
 }
@@ -318,6 +319,9 @@ func (p *player) command(u *userInfo, args ...string) *exec.Cmd {
 	c := exec.Command(p.bin, append([]string{"--root", root}, args...)...)
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	c.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=" + u.root, "LANG=C"}
+	if u.uid == 0 && p.ssh != nil {
+		c.Env = append(c.Env, "AGENT_WRAP_MUX_DIR="+p.ssh.mux)
+	}
 	if u.uid != 0 {
 		c.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(u.uid), Gid: uint32(u.gid)}
 	}
@@ -407,6 +411,7 @@ func (p *player) play(ctx context.Context) {
 						return
 					}
 				}
+				p.awaitPhase(r, st.Aim)
 			}
 			p.fault(st)
 		}()
@@ -569,6 +574,47 @@ func (p *player) phase(r *runState) string {
 		}
 	}
 	return ph
+}
+
+// awaitPhase waits, when the fault's moment came before its run reached
+// the phase the fault was aimed at, until the run gets there (a loaded
+// machine starts runs late, a controller run's deadline moves with each
+// renewal), or for a bound past which it fires anyway. The schedule draws
+// the phase first and its moment from it; this keeps a fault in the phase
+// it was drawn for, so that every fault × phase pair is hit, the narrow
+// ones too (a controller between its host's final record and its own
+// exit). A run already past its aim is hit at once, in its phase.
+func (p *player) awaitPhase(r *runState, aim string) {
+	bound := map[string]time.Duration{
+		"running": 2 * time.Second,
+		"grace":   r.spec.Lease + r.spec.Grace + 5*time.Second,
+		"final":   r.spec.Lease + r.spec.Grace + 15*time.Second,
+	}[aim]
+	if bound == 0 {
+		return
+	}
+	// Polled every 5 ms: a run whose job obeys TERM is in its grace
+	// (cancelling) for a few tens of milliseconds.
+	until := time.Now().Add(bound)
+	for time.Now().Before(until) && phaseRank[p.phase(r)] < phaseRank[aim] && !p.neverClaimed(r) {
+		select {
+		case <-p.quit:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// neverClaimed: the run's `run` exited leaving no directory (a claim
+// refused, a controller that launched nothing): it has no phase to wait for.
+func (p *player) neverClaimed(r *runState) bool {
+	select {
+	case <-r.done:
+	default:
+		return false
+	}
+	_, err := os.Lstat(filepath.Join(r.u.root, r.id))
+	return err != nil
 }
 
 // startWindow is how long after started_at a run counts as starting.

@@ -173,6 +173,39 @@ func (p *player) fault(st Step) {
 		} else {
 			note = fmt.Sprintf("pid %d", id.PID)
 		}
+	case "kill-sshd", "stop-sshd", "kill-ssh-client", "stop-ssh-client", "kill-master", "stop-master":
+		if p.ssh == nil {
+			landed, note = false, "no sshd"
+			break
+		}
+		var ids []proc.Identity
+		find := func() bool {
+			switch st.Fault[5:] {
+			case "sshd":
+				ids = p.ssh.sshdProcs(st.Fault == "stop-sshd")
+			case "ssh-client":
+				ids = p.ssh.clientsOf(p.controllerOf(r))
+			case "master":
+				ids = p.ssh.masters()
+			}
+			return len(ids) > 0
+		}
+		if !find() {
+			// Between two calls of the controller: wait a moment for
+			// its next client (or connection, or master).
+			p.within(time.Second, nil, find) // a /proc scan each time: every 100 ms
+			ph = p.phase(r)
+		}
+		landed, note = p.signalEach(ids, strings.HasPrefix(st.Fault, "kill-"), st.Pause)
+	case "settle":
+		if p.ssh == nil {
+			landed, note = false, "no ledger"
+			break
+		}
+		code, out := p.exec(p.users[0], 60*time.Second, "settle", "--all", "--ledger", p.ssh.ledger)
+		note = fmt.Sprintf("exit %d %s", code, firstLine(out))
+	case "gc":
+		landed, note = p.gc(r.u)
 	case "fill":
 		note = p.fill(st.Pause)
 	case "ro":
@@ -217,6 +250,27 @@ func (p *player) fault(st Step) {
 		p.cov.Miss(st.Fault)
 	}
 	p.logf("fault %s on run %d in phase %s (aimed %s): landed %v %s", st.Fault, st.Run, ph, st.Aim, landed, note)
+}
+
+// signalEach SIGKILLs each of ids, or stops each for pause; it reports
+// whether any was hit, and which.
+func (p *player) signalEach(ids []proc.Identity, kill bool, pause time.Duration) (bool, string) {
+	var hit []string
+	for _, id := range ids {
+		var err error
+		if kill {
+			err = stop.Signal(id, unix.SIGKILL)
+		} else {
+			err = p.signalStop(id, pause)
+		}
+		if err == nil {
+			hit = append(hit, fmt.Sprint(id.PID))
+		}
+	}
+	if len(hit) == 0 {
+		return false, fmt.Sprintf("none of %d alive", len(ids))
+	}
+	return true, "pid " + strings.Join(hit, ", ")
 }
 
 // within polls cond for up to d, while r's `run` has not exited (any r
@@ -320,6 +374,11 @@ func (p *player) tear(r *runState, name string, mode int) (bool, string) {
 	if err != nil {
 		return false, err.Error()
 	}
+	// Torn from the first attempt on: a write that fails (a full disk)
+	// may already have truncated the file.
+	p.mu.Lock()
+	r.torn[name] = true
+	p.mu.Unlock()
 	switch mode {
 	case 0:
 		err = os.Truncate(path, max(fi.Size()-3, 0))
@@ -331,9 +390,6 @@ func (p *player) tear(r *runState, name string, mode int) (bool, string) {
 	if err != nil {
 		return false, err.Error()
 	}
-	p.mu.Lock()
-	r.torn[name] = true
-	p.mu.Unlock()
 	return true, fmt.Sprintf("%s mode %d", name, mode)
 }
 

@@ -159,6 +159,11 @@ func (p *player) teardown() {
 		}
 	}
 	if p.ssh != nil {
+		// The controllers' masters, which outlive a killed controller
+		// (ControlPersist), by their recorded PID and start time.
+		for _, id := range p.ssh.masters() {
+			_ = stop.Signal(id, unix.SIGKILL)
+		}
 		p.ssh.h.close() // the relay, then sshd and its per-connection processes, by recorded PID
 	}
 	for _, r := range p.runs {

@@ -41,6 +41,11 @@ var Shapes = []string{
 	"sleeper",    // one long sleep
 }
 
+// Nested is a shape of controller runs only: the job is itself an
+// `agent-wrap ssh` (--mux off, lease 2s, grace 1s) to the same sshd and
+// root, whose own job sleeps. One controller run in four is nested.
+const Nested = "nested"
+
 // hostFaults are what the nemesis does to any run. Each targets one run
 // (see Step.Run).
 var hostFaults = []string{
@@ -54,6 +59,7 @@ var hostFaults = []string{
 	"tear-status", "tear-deadline", "tear-journal", // a file of the run cut short or garbled
 	"cancel", "cancel2", // a cancel; two at once
 	"renew", // a renewal
+	"gc",    // not a fault but work beside the runs: `gc --older-than 1s` on the run's root
 }
 
 // sshFaults are what it does besides to a run driven by `agent-wrap ssh`.
@@ -61,6 +67,10 @@ var sshFaults = []string{
 	"cut",                                // every connection through the relay closed
 	"blackhole",                          // the relay forwards nothing, in either direction, for a pause
 	"kill-controller", "stop-controller", // the `agent-wrap ssh` process
+	"kill-sshd", "stop-sshd", // SIGKILL of every per-connection sshd; SIGSTOP of those and the listening sshd, SIGCONT after a pause
+	"kill-ssh-client", "stop-ssh-client", // the `ssh` processes the run's controller started (its children, masters aside)
+	"kill-master", "stop-master", // the ControlMasters the controllers recorded in their mux directory
+	"settle", // work beside the runs: `settle --all` of the controllers' ledger while they drive their runs
 }
 
 // Faults are every fault, as the coverage table lists them.
@@ -68,6 +78,9 @@ var Faults = append(append([]string{}, hostFaults...), sshFaults...)
 
 // Phases of a run in which a fault can land, as seen when it lands.
 var Phases = []string{"claim", "start", "running", "grace", "final"}
+
+// phaseRank orders Phases: a run only moves forward through them.
+var phaseRank = map[string]int{"claim": 0, "start": 1, "running": 2, "grace": 3, "final": 4}
 
 // RunSpec is one run of a schedule.
 type RunSpec struct {
@@ -81,6 +94,12 @@ type RunSpec struct {
 	// SSH: driven by `agent-wrap ssh` from this machine, through the
 	// relay, to the sshd on 127.0.0.1 (as root; Fg and Other do not apply).
 	SSH bool
+	// LateRenew (SSH runs only): the controller renews every 3 leases
+	// (--renew-every), too late to hold the lease: the run meets its
+	// deadline and grace while its controller still drives it, as a
+	// controller too slow to renew would. Without it a controller
+	// renews until the job ends, and a 60 s job never sees its deadline.
+	LateRenew bool
 }
 
 // Step is one fault.
@@ -164,23 +183,37 @@ func Generate(seed uint64, o Options) Schedule {
 		for k := 0; k < n; k++ {
 			run := RunSpec{Index: o.Runs + k, At: time.Duration(rs2.IntN(1501)) * time.Millisecond, Shape: Shapes[rs2.IntN(len(Shapes))],
 				Lease: time.Duration(2+rs2.IntN(3)) * time.Second, Grace: time.Duration(1+rs2.IntN(2)) * time.Second, SSH: true}
+			if rs3.IntN(4) == 0 {
+				run.Shape = Nested
+			}
+			run.LateRenew = rs3.IntN(2) == 0
 			s.Runs = append(s.Runs, run)
 			s.Steps = append(s.Steps, drawFaults(rs2, run, o, Faults)...)
 			// And 1 to 3 faults of the controller's own, past its claim,
-			// from a third stream: drawn over all faults, these four are
-			// too rare in a run's later phases to be covered, and the
-			// first two streams stay what they were.
-			extra := drawFaults(rs3, run, Options{Faults: 2}, sshFaults)
-			for i := range extra {
-				if extra[i].Aim == "claim" {
-					extra[i] = Step{} // dropped: the claim is covered without them
-				}
+			// from a third stream (the first two stay what they were).
+			// Drawn over all faults, these are too rare to cover every
+			// phase, and the late ones are narrow (a controller lives
+			// past its host's final record only for a moment): the
+			// phase is drawn first: grace three times as often as start
+			// or running, final twice.
+			late := []string{"start", "running", "grace", "grace", "grace", "final", "final"}
+			for range 1 + rs3.IntN(3) {
+				st := Step{Fault: sshFaults[rs3.IntN(len(sshFaults))], Run: run.Index, Aim: late[rs3.IntN(len(late))]}
+				s.Steps = append(s.Steps, timeFault(rs3, run, st))
 			}
-			for _, st := range extra[:min(3, len(extra))] {
-				if st.Fault != "" {
-					s.Steps = append(s.Steps, st)
-				}
-			}
+		}
+	}
+	// A full disk while runs are still being claimed refuses every claim
+	// of the schedule for as long as it lasts: such a fill is cut to a
+	// quarter, so that the runs it spares live on to meet the later
+	// faults (a controller run's host claims up to 2 s after its launch).
+	var lastLaunch time.Duration
+	for _, rs := range s.Runs {
+		lastLaunch = max(lastLaunch, rs.At)
+	}
+	for i, st := range s.Steps {
+		if st.Fault == "fill" && st.At < lastLaunch+2*time.Second {
+			s.Steps[i].Pause = st.Pause / 4
 		}
 	}
 	s.sort()
@@ -189,37 +222,48 @@ func Generate(seed uint64, o Options) Schedule {
 
 // drawFaults draws the faults of run rs from list.
 func drawFaults(r *rand.Rand, rs RunSpec, o Options, list []string) []Step {
-	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
 	var out []Step
 	n := 1 + r.IntN(2*o.Faults)
 	for j := 0; j < n; j++ {
 		st := Step{Fault: list[r.IntN(len(list))], Run: rs.Index, Aim: Phases[r.IntN(len(Phases))]}
-		dl := rs.At + rs.Lease
-		switch st.Aim {
-		case "claim":
-			st.At = rs.At
-		case "start":
-			st.At = rs.At + ms(5, 60)
-		case "running":
-			st.At = rs.At + ms(200, int(rs.Lease/time.Millisecond)-200)
-		case "grace":
-			st.At = dl + ms(0, int(rs.Grace/time.Millisecond))
-		case "final":
-			st.At = dl + rs.Grace + ms(0, 800)
-		}
-		st.Pause = ms(300, 4000)
-		if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
-			st.Pause = ms(15000, 30000) // stopped past the lease bound
-		}
-		switch st.Fault {
-		case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
-			st.Arg = r.IntN(40) // ms from the helper's start to the signal
-		case "tear-status", "tear-deadline", "tear-journal":
-			st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
-		}
-		out = append(out, st)
+		out = append(out, timeFault(r, rs, st))
 	}
 	return out
+}
+
+// timeFault draws the moment of st in the phase it is aimed at, and its
+// pause and argument.
+func timeFault(r *rand.Rand, rs RunSpec, st Step) Step {
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
+	dl := rs.At + rs.Lease
+	switch st.Aim {
+	case "claim":
+		st.At = rs.At
+	case "start":
+		st.At = rs.At + ms(5, 60)
+	case "running":
+		st.At = rs.At + ms(200, int(rs.Lease/time.Millisecond)-200)
+	case "grace":
+		st.At = dl + ms(0, int(rs.Grace/time.Millisecond))
+	case "final":
+		st.At = dl + rs.Grace + ms(0, 800)
+	}
+	st.Pause = ms(300, 4000)
+	if strings.HasPrefix(st.Fault, "stop-") && r.IntN(4) == 0 {
+		st.Pause = ms(15000, 30000) // stopped past the lease bound
+	}
+	switch st.Fault {
+	case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
+		st.Arg = r.IntN(40) // ms from the helper's start to the signal
+		if st.Aim == "final" {
+			// Of a run that is over, a helper answers at once: only
+			// a signal sent within a few milliseconds finds it.
+			st.Arg /= 10
+		}
+	case "tear-status", "tear-deadline", "tear-journal":
+		st.Arg = r.IntN(3) // 0: cut 3 bytes, 1: garbage, 2: empty
+	}
+	return st
 }
 
 func (s *Schedule) sort() {
@@ -250,6 +294,9 @@ func (s Schedule) Until(t time.Duration) string {
 		}
 		if r.SSH {
 			who, mode = "root", "through agent-wrap ssh"
+			if r.LateRenew {
+				mode += " renewing too late"
+			}
 		}
 		ls = append(ls, line{r.At, fmt.Sprintf("run %d: %s %s as %s, lease %v grace %v", r.Index, r.Shape, mode, who, r.Lease, r.Grace)})
 	}

@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/controller"
 	"github.com/agent-wrap/agent-wrap/internal/relay"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // The controller side: runs drawn with SSH go through `agent-wrap ssh`, to
@@ -50,12 +52,18 @@ func (h *harnessT) close() {
 	h.cleanups = nil
 }
 
-// sshSide is the sshd, the relay in front of it and the controller's ledger.
+// sshSide is the sshd, the relay in front of it, the controller's ledger
+// and the directory of its ControlMasters.
 type sshSide struct {
 	h      *harnessT
 	srv    *sshtest.Server
 	relay  *relay.Relay
 	ledger string
+	// mux is $AGENT_WRAP_MUX_DIR of every root command of the schedule:
+	// the controllers' masters (--mux auto, the default) are recorded
+	// there, where the nemesis and the teardown find them by PID and
+	// start time, apart from any other controller's on the machine.
+	mux string
 }
 
 // startSSH starts sshd and the relay for a schedule with SSH runs.
@@ -82,7 +90,62 @@ func (p *player) startSSH() (side *sshSide, err error) {
 		h.close()
 		return nil, err
 	}
-	return &sshSide{h: h, srv: srv, relay: rl, ledger: ledger}, nil
+	if err := os.Mkdir(ledger+"-nested", 0o700); err != nil {
+		h.close()
+		return nil, err
+	}
+	mux := filepath.Join(p.base, "mux")
+	if err := os.Mkdir(mux, 0o700); err != nil {
+		h.close()
+		return nil, err
+	}
+	return &sshSide{h: h, srv: srv, relay: rl, ledger: ledger, mux: mux}, nil
+}
+
+// masters are the ControlMasters recorded in the schedule's mux
+// directory and still alive (start time checked).
+func (s *sshSide) masters() []proc.Identity {
+	var out []proc.Identity
+	for _, m := range controller.RecordedMasters(s.mux) {
+		out = append(out, proc.Identity{PID: m.PID, Start: m.Start})
+	}
+	return out
+}
+
+// sshdProcs are the per-connection sshd processes (the listening sshd's
+// children), and with listener the listening sshd first.
+func (s *sshSide) sshdProcs(listener bool) []proc.Identity {
+	var out []proc.Identity
+	if listener {
+		out = append(out, proc.Identity{PID: s.srv.PID(), Start: s.srv.StartTime()})
+	}
+	return append(out, childrenOf(s.srv.PID(), nil)...)
+}
+
+// clientsOf are the `ssh` clients of the controller id: its children,
+// less the masters (a master forks into the background, and may land
+// under a controller that is a subreaper).
+func (s *sshSide) clientsOf(id proc.Identity) []proc.Identity {
+	if id.PID <= 1 {
+		return nil
+	}
+	skip := map[int]bool{}
+	for _, m := range s.masters() {
+		skip[m.PID] = true
+	}
+	return childrenOf(id.PID, skip)
+}
+
+// childrenOf lists the live children of ppid, but those in skip.
+func childrenOf(ppid int, skip map[int]bool) []proc.Identity {
+	all, _ := proc.Scan()
+	var out []proc.Identity
+	for _, st := range all {
+		if st.PPID == ppid && !st.Dead() && !skip[st.PID] {
+			out = append(out, proc.Identity{PID: st.PID, Start: st.Start})
+		}
+	}
+	return out
 }
 
 // rsh is the --rsh of the controller runs: ssh to the test sshd through
@@ -99,9 +162,29 @@ func (p *player) sshArgs(r *runState) []string {
 	rs := r.spec
 	args := []string{"ssh", "--rsh", p.ssh.rsh(), "--remote-bin", p.bin, "--remote-root", r.u.root,
 		"--id", r.id, "--lease", fmt.Sprint(rs.Lease), "--grace", fmt.Sprint(rs.Grace),
-		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger,
-		p.ssh.srv.Destination(), "--", "env", r.tag}
+		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger}
+	if rs.LateRenew {
+		args = append(args, "--renew-every", fmt.Sprint(3*rs.Lease))
+	}
+	args = append(args, p.ssh.srv.Destination(), "--", "env", r.tag)
+	if rs.Shape == Nested {
+		return append(args, p.nestedJob(r)...)
+	}
 	return append(args, shapeScript(rs.Shape, rs.Index)...)
+}
+
+// nestedJob is the job of a nested controller run: `agent-wrap ssh` from
+// the host back to the same sshd and root, with a run of its own (ID
+// r.id-n) whose job sleeps with r's tag, so that every process of both
+// runs is r's. It has a ledger of its own (not judged by ledger-truth)
+// and no masters (--mux off): a master it started would carry the tag
+// and outlive a killed controller by ControlPersist's 60 s. Its lease
+// and grace are short, so that once the outer run's stop has killed it,
+// the inner run ends by its own lease well inside the outer's bound.
+func (p *player) nestedJob(r *runState) []string {
+	return []string{p.bin, "ssh", "--mux", "off", "--rsh", p.ssh.rsh(), "--remote-bin", p.bin, "--remote-root", r.u.root,
+		"--id", r.id + "-n", "--lease", "2s", "--grace", "1s", "--give-up", "8s", "--ledger", p.ssh.ledger + "-nested",
+		p.ssh.srv.Destination(), "--", "env", r.tag, "sleep", "60"}
 }
 
 // ledgerOf reads the controller's record of r (nil if none).
@@ -129,6 +212,12 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 	case <-time.After(r.spec.Lease + r.spec.Grace + 30*time.Second):
 		p.violate(CheckLedger, idx, "the controller still runs %v after the end of the schedule, past its --give-up", r.spec.Lease+r.spec.Grace+30*time.Second)
 		return
+	}
+	if r.spec.Shape == Nested {
+		// Not judged (its controller is the outer job, killed with it):
+		// shown, so that a reader sees the nested run happened.
+		b, _ := os.ReadFile(filepath.Join(p.ssh.ledger+"-nested", r.id+"-n.json"))
+		p.logf("run %d: the nested controller's ledger record: %s", idx, firstLine(string(b)))
 	}
 	m := p.ledgerOf(r)
 	p.mu.Lock()

@@ -7,7 +7,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/rundir"
@@ -49,6 +52,44 @@ func TestWriteAtomicOnAFullDiskOverwritesInPlace(t *testing.T) {
 	}
 	if err := d.WriteAtomic("new", []byte("x"), rundir.Synced); !rundir.NoSpace(err) {
 		t.Fatalf("WriteAtomic of a new file on a full disk: %v, want ENOSPC", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(d.Path, ".*")); len(m) > 0 {
+		t.Fatalf("temp files left: %v", m)
+	}
+}
+
+// On a full file system a record that has grown past the blocks its file
+// has cannot land in place: WriteAtomic then fails with ENOSPC and leaves
+// the old record whole, never a cut prefix of the new one (found by the
+// chaos campaign: a walker's final record, long with the escapes it lists,
+// written while the tmpfs was full, was left unreadable).
+func TestWriteAtomicOnAFullDiskNeverCutsARecordThatGrew(t *testing.T) {
+	mnt := runtest.Tmpfs(t, 256<<10)
+	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	d, err := root.Create("grown")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	old := []byte(`{"state":"running"}` + "\n")
+	if err := d.WriteAtomic("status.json", old, rundir.Synced); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(d.Path, "status.json"), &st); err != nil {
+		t.Fatal(err)
+	}
+	runtest.Fill(t, mnt)
+	grown := []byte(`{"state":"cancelled","escaped":"` + strings.Repeat("x", int(st.Blocks*512)) + `"}` + "\n")
+	if err := d.WriteAtomic("status.json", grown, rundir.Durable); !rundir.NoSpace(err) {
+		t.Fatalf("WriteAtomic of %d bytes over a file of %d blocks on a full disk: %v, want ENOSPC", len(grown), st.Blocks, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(d.Path, "status.json")); string(b) != string(old) {
+		t.Fatalf("status.json holds %d bytes, want the old record whole: %.80q", len(b), b)
 	}
 	if m, _ := filepath.Glob(filepath.Join(d.Path, ".*")); len(m) > 0 {
 		t.Fatalf("temp files left: %v", m)

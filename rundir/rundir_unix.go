@@ -376,8 +376,9 @@ const (
 // file. On an error the temp file is removed and name is untouched.
 //
 // On a full file system (ENOSPC, EDQUOT) a temp file cannot get blocks, but
-// the file being replaced has them: when name exists, WriteAtomic then
-// overwrites it in place (OverwriteInPlace), which is not atomic for a
+// the file being replaced has them: when name exists and data fits in
+// its blocks, WriteAtomic then overwrites it in place (OverwriteInPlace;
+// else it fails and name is untouched), which is not atomic for a
 // reader (it may see a torn file meanwhile, and must treat it as
 // unreadable) but lands where a rename cannot. The error is nil then.
 func (d *Dir) WriteAtomic(name string, data []byte, how Durability) error {
@@ -454,15 +455,22 @@ func tempPrefix(name string) string { return "." + name + "." }
 // new blocks where the file already had as many (a record rewritten with a
 // few more fields stays within its last block), so it works on a full file
 // system; but a reader may see the old content, the new, or a mix while it
-// runs. WriteAtomic falls back to it on a full file system; the caller
-// holds the run's lock, so no other writer interleaves.
+// runs. Data longer than the blocks the file has is refused (ENOSPC)
+// before a byte is written: on a full file system the write would stop
+// where the blocks end and leave the file a cut prefix of data, unreadable
+// until a later write lands, where refusing leaves the old content whole.
+// WriteAtomic falls back to it on a full file system; the caller holds the
+// run's lock, so no other writer interleaves.
 func (d *Dir) OverwriteInPlace(name string, data []byte, sync bool) error {
-	fd, _, err := d.openChecked(name, unix.O_WRONLY, 0)
+	fd, st, err := d.openChecked(name, unix.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
 	path := filepath.Join(d.Path, name)
+	if int64(len(data)) > st.Blocks*512 { // st_blocks counts 512-byte units
+		return &os.PathError{Op: "overwrite", Path: path, Err: fmt.Errorf("%d bytes over a file with %d allocated: %w", len(data), st.Blocks*512, unix.ENOSPC)}
+	}
 	for off := 0; off < len(data); {
 		n, err := unix.Pwrite(fd, data[off:], int64(off))
 		if err == unix.EINTR {

@@ -315,7 +315,8 @@ func Read(d *rundir.Dir) (*Record, error) {
 // The record is marked with the journal's last line (journal_seq,
 // journal_hash) as it is now. On a full file system the record is
 // overwritten in place (see rundir.Dir.WriteAtomic), so the final record
-// lands where a rename cannot. A durable write also removes the temp files
+// lands where a rename cannot, if it fits in the blocks the old one has;
+// else the write fails and the old record stays whole. A durable write also removes the temp files
 // of writers that died before their rename (rundir.Dir.RemoveStaleTemps).
 func Write(d *rundir.Dir, r *Record, durable bool) error {
 	r.Schema = Schema
