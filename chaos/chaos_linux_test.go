@@ -116,6 +116,8 @@ var regressionSeeds = []struct {
 		"the watchdog's stop saw the session only, and the escape outlived its lease (2 of 2 replays)"},
 	{677568, "a cancel recorded while the wrapper was starting the job, the wrapper SIGKILLed before recording it: " +
 		"the record said cancelling with no group, and the cancel wrote cancelled, no survivors, over the live job (found once, 0 of 1 replays)"},
+	{58622, "as the second user (no cgroup), a walker whose wrapper was SIGKILLed at its start: its escapes were never recorded, " +
+		"their parents were gone, and the walker outran the watchdog's looks at /proc; it outlived its lease (2 of 2 replays)"},
 	{202, "a record grown past its file's last block, written on a full disk: the in-place overwrite ran out of blocks and left status.json cut " +
 		"(found once, 0 of 1 replays; quick seed 101 met it in 1 of 2 runs)"},
 }

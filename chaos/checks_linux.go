@@ -200,9 +200,10 @@ func (p *player) checkOnce() {
 // does not cover: the run's terminal record says its stop could see the
 // session only (no cgroup, stopped from outside its wrapper, which the
 // nemesis killed or stopped), and each process left the recorded session
-// and is not among the escapes the record lists. Such a stop cannot see
-// escapes the wrapper never recorded, and its final record and reconcile
-// say so (docs/design.md, "How a run is stopped"). The lease bound does not hold for them; what must
+// and is not among the escapes the record lists, and holds neither of the
+// run's logs as its fd 1 or 2. Such a stop cannot see escapes the wrapper
+// never recorded that also gave up the logs, and its final record and
+// reconcile say so (docs/design.md, "How a run is stopped"). The lease bound does not hold for them; what must
 // hold is that the record does not claim otherwise (terminal-truth,
 // reconcile-truth). The first time, the timeline says so.
 func (p *player) unseenEscapes(idx int, r *runState, ps []proc.Stat) bool {
@@ -218,8 +219,9 @@ func (p *player) unseenEscapes(idx int, r *runState, ps []proc.Stat) bool {
 	for _, e := range rec.Escaped {
 		listed[e.PID] = true
 	}
+	logs := logFiles(filepath.Join(r.u.root, r.id))
 	for _, s := range ps {
-		if s.SID == rec.SID || listed[s.PID] {
+		if s.SID == rec.SID || listed[s.PID] || holdsLog(s.PID, logs) {
 			return false
 		}
 	}
@@ -232,6 +234,34 @@ func (p *player) unseenEscapes(idx int, r *runState, ps []proc.Stat) bool {
 			idx, len(ps), rec.State, indent(describe(ps)))
 	}
 	return true
+}
+
+// logFiles returns the identities of a run's stdout.log and stderr.log.
+func logFiles(dir string) []os.FileInfo {
+	var fis []os.FileInfo
+	for _, name := range []string{"stdout.log", "stderr.log"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			fis = append(fis, fi)
+		}
+	}
+	return fis
+}
+
+// holdsLog reports whether pid's fd 1 or 2 is one of logs: a process the
+// contract says a stop from outside finds, whatever its session.
+func holdsLog(pid int, logs []os.FileInfo) bool {
+	for _, fd := range []string{"1", "2"} {
+		fi, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid), "fd", fd))
+		if err != nil {
+			continue
+		}
+		for _, l := range logs {
+			if os.SameFile(fi, l) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // sessionOnly reports whether a record says its stop could only see the
