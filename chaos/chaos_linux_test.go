@@ -15,6 +15,9 @@ import (
 
 func TestMain(m *testing.M) {
 	relay.Connector() // ssh starts the test binary again as its ProxyCommand
+	// The schedules wait on leases and graces, each on its own tmpfs:
+	// four at once, as make chaos plays three.
+	runtest.MoreAtOnce(4)
 	os.Exit(m.Run())
 }
 
