@@ -27,13 +27,7 @@ func waitGroupEmpty(t *testing.T, pgid int) {
 
 // childrenOf lists the live children of pid.
 func childrenOf(pid int) []proc.Stat {
-	all, _ := proc.Scan()
-	var out []proc.Stat
-	for _, st := range all {
-		if st.PPID == pid && !st.Dead() {
-			out = append(out, st)
-		}
-	}
+	out, _ := proc.ScanInto(nil, func(st proc.Stat) bool { return st.PPID == pid && !st.Dead() })
 	return out
 }
 
