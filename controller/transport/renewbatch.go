@@ -172,7 +172,7 @@ func (b *renewBatch) lead(ctx context.Context) {
 			continue
 		}
 		// An exclusive flock that succeeds: nobody waits for this one.
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err = flock.Lock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		f.Close()
 		os.Remove(p)
 		if err != nil {
