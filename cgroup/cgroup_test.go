@@ -1,13 +1,14 @@
 package cgroup
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"syscall"
 	"testing"
+
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // Mount's statfs of the well-known places finds the mount that the mount
@@ -120,12 +121,12 @@ func TestPopulated(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; ; i++ {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Process.Pid))
-		if err == nil && bytes.Contains(b, []byte(") Z ")) {
+		st, err := proc.ReadStat(c.Process.Pid)
+		if err == nil && st.State == 'Z' {
 			break
 		}
 		if i > 30000 {
-			t.Fatalf("the killed member never became a zombie: %s", b)
+			t.Fatalf("the killed member never became a zombie: %+v, %v", st, err)
 		}
 		syscall.Nanosleep(&syscall.Timespec{Nsec: 1e6}, nil)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/reconcile"
+	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 // The one rule for what the ledger records of a run's end: from what the
@@ -187,7 +188,7 @@ func judgeUnasked(f facts) judgment {
 	}
 	if f.cancel && f.final != nil && f.final.code == f.code {
 		outcome := ledger.Completed
-		if f.final.state == "cancelled" {
+		if f.final.state == statusfile.Cancelled {
 			outcome = ledger.Cancelled
 		}
 		return judgment{next: doSettle, outcome: outcome, code: f.code, cause: f.final.cause, exit: f.code}

@@ -7,6 +7,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/exitcode"
 	"github.com/agent-wrap/agent-wrap/ledger"
 	"github.com/agent-wrap/agent-wrap/reconcile"
+	"github.com/agent-wrap/agent-wrap/statusfile"
 )
 
 // verdict is a host's verdict as reconcile --json gives it; code < 0: no
@@ -78,16 +79,16 @@ func TestJudge(t *testing.T) {
 			"64 may be the job's or an agent-wrap without attach refusing the command"},
 		{"cancel/no confirmation", cancelled(0, nil), judgment{next: doAsk},
 			"a cancel raced the end and its answer did not come: the host says whether the run finished or was cancelled"},
-		{"cancel/confirmed cancelled", cancelled(exitcode.TERM, &finalWord{state: "cancelled", cause: "cancel", code: exitcode.TERM}),
+		{"cancel/confirmed cancelled", cancelled(exitcode.TERM, &finalWord{state: statusfile.Cancelled, cause: statusfile.CauseCancel, code: exitcode.TERM}),
 			judgment{next: doSettle, outcome: ledger.Cancelled, code: 143, cause: "cancel", exit: 143},
 			"the cancel's confirmation names the final record the attach ended with: cancelled, its cause"},
-		{"cancel/confirmed finished", cancelled(0, &finalWord{state: "finished", code: 0}),
+		{"cancel/confirmed finished", cancelled(0, &finalWord{state: statusfile.Finished, code: 0}),
 			judgment{next: doSettle, outcome: ledger.Completed, code: 0, exit: 0},
 			"the job finished before the cancel reached it: the confirmation says finished, so completed"},
-		{"cancel/confirmed launch_failed", cancelled(exitcode.NotFound, &finalWord{state: "launch_failed", cause: "", code: exitcode.NotFound}),
+		{"cancel/confirmed launch_failed", cancelled(exitcode.NotFound, &finalWord{state: statusfile.LaunchFailed, cause: "", code: exitcode.NotFound}),
 			judgment{next: doSettle, outcome: ledger.Completed, code: 127, exit: 127},
 			"a launch that failed is completed with its code, as reconcile judges it"},
-		{"cancel/confirmation of another end", cancelled(0, &finalWord{state: "cancelled", cause: "cancel", code: exitcode.TERM}),
+		{"cancel/confirmation of another end", cancelled(0, &finalWord{state: statusfile.Cancelled, cause: statusfile.CauseCancel, code: exitcode.TERM}),
 			judgment{next: doAsk},
 			"the confirmation's code is not the attach's: they do not speak of the same end, the host decides"},
 

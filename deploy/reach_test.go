@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/deploy"
+	"github.com/agent-wrap/agent-wrap/internal/flock"
 	"github.com/agent-wrap/agent-wrap/internal/sshtest"
 )
 
@@ -43,7 +44,7 @@ func deployUser(t *testing.T) (name, home string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lf.Close() })
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+	if err := flock.Lock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
 		t.Fatalf("flock %s: %v", testUserLock, err)
 	}
 	if _, err := user.Lookup(testUser); err != nil {

@@ -12,11 +12,11 @@ import (
 const treeJob = `sleep 300 & sleep 300 & echo started; wait`
 
 // waitMembers waits until the run's group has n live members and returns them.
-func waitMembers(t *testing.T, pgid, n int) []pstat {
+func waitMembers(t *testing.T, pgid, n int) []proc.Stat {
 	t.Helper()
-	var m []pstat
+	var m []proc.Stat
 	runtest.Eventually(t, "the job's children to start", func() bool {
-		m = groupMembers(pgid)
+		m = runtest.Members(pgid)
 		return len(m) == n
 	})
 	return m
@@ -25,7 +25,7 @@ func waitMembers(t *testing.T, pgid, n int) []pstat {
 // startTree runs treeJob as run id over ssh (lease 60s, grace 2s) and
 // waits for its "started" line, its running record and its group's three
 // members, which it returns with the stream.
-func (h *harness) startTree(id string) (*stream, record, []pstat) {
+func (h *harness) startTree(id string) (*stream, record, []proc.Stat) {
 	h.t.Helper()
 	s := h.start(nil, "run", "--lease", "60s", "--grace", "2s", id, "--", "sh", "-c", treeJob)
 	runtest.Eventually(h.t, "the job's first line over ssh", func() bool { return strings.Contains(s.stdout(), "started\n") })
@@ -55,8 +55,8 @@ func TestCancelOverSecondConnection(t *testing.T) {
 	wantFinal(t, final, "cancelled", "cancel", 143)
 	waitGroupEmpty(t, r.PGID)
 	for _, m := range members {
-		if proc.Alive(m.pid, m.start) {
-			t.Errorf("member %d alive after cancel", m.pid)
+		if proc.Alive(m.PID, m.Start) {
+			t.Errorf("member %d alive after cancel", m.PID)
 		}
 	}
 	ev := h.events(id)
@@ -91,8 +91,8 @@ func TestCancelLeavesOtherRunAlone(t *testing.T) {
 	waitGroupEmpty(t, ra.PGID)
 
 	for _, m := range bMembers {
-		if !proc.Alive(m.pid, m.start) {
-			t.Errorf("bystander's process %d died when the victim was cancelled", m.pid)
+		if !proc.Alive(m.PID, m.Start) {
+			t.Errorf("bystander's process %d died when the victim was cancelled", m.PID)
 		}
 	}
 	if !proc.Alive(rb.WrapperPID, rb.WrapperStart) {

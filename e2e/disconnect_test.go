@@ -36,15 +36,15 @@ func (h *harness) disconnect(s *stream, r record) {
 	}
 	s.kill(h.t)
 	for _, p := range conn {
-		runtest.Eventually(h.t, "the connection's sshd processes to exit", func() bool { return !proc.Alive(p.pid, p.start) })
+		runtest.Eventually(h.t, "the connection's sshd processes to exit", func() bool { return !proc.Alive(p.PID, p.Start) })
 	}
 	h.t.Logf("client killed; the connection's sshd processes %v are gone", pids(conn))
 }
 
-func pids(ps []pstat) []int {
+func pids(ps []proc.Stat) []int {
 	out := make([]int, len(ps))
 	for i, p := range ps {
-		out[i] = p.pid
+		out[i] = p.PID
 	}
 	return out
 }

@@ -75,19 +75,14 @@ func watchMasters(t *testing.T, dir string, stop <-chan struct{}) (seen func() m
 
 // processesUnder lists the live processes whose command line names dir.
 func processesUnder(dir string) []string {
-	ents, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	live, _ := proc.ScanInto(nil, func(st proc.Stat) bool { return st.PID != self && !st.Dead() })
 	var out []string
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if !proc.Alive(pid, 0) {
-			continue
-		}
-		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+	for _, st := range live {
+		pid := strconv.Itoa(st.PID)
+		b, _ := os.ReadFile("/proc/" + pid + "/cmdline")
 		if strings.Contains(string(b), dir+"/") {
-			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+			out = append(out, pid+": "+strings.ReplaceAll(string(b), "\x00", " "))
 		}
 	}
 	return out

@@ -15,6 +15,7 @@ import (
 	"github.com/agent-wrap/agent-wrap/internal/pgtest"
 	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/ledger"
+	"github.com/agent-wrap/agent-wrap/proc"
 )
 
 // The PostgreSQL ledger shared by a fleet, through the binary and the
@@ -319,8 +320,8 @@ func TestFrozenOwnerOnThisMachineIsGone(t *testing.T) {
 		}
 		wantFinal(t, c.waitTerminal(id), "finished", "", 9)
 		// The owner's process is alive (stopped, state T) all along.
-		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", k.cmd.Process.Pid)); err != nil || !strings.Contains(string(st), ") T ") {
-			t.Fatalf("the owner is not stopped: %v %q", err, st)
+		if st, err := proc.ReadStat(k.cmd.Process.Pid); err != nil || st.State != 'T' {
+			t.Fatalf("the owner is not stopped: %v %+v", err, st)
 		}
 
 		var out string

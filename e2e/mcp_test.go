@@ -505,7 +505,7 @@ func TestMCPClientGone(t *testing.T) {
 	if r.Outcome != "unknown" || r.Confirmed {
 		t.Errorf("b's cancel of a's run: %+v; want unknown, naming where to cancel it", r)
 	}
-	if got := groupMembers(ha.PGID); len(got) != 3 {
+	if got := runtest.Members(ha.PGID); len(got) != 3 {
 		t.Errorf("b's cancel touched a's run: %d live members, want 3", len(got))
 	}
 
@@ -530,7 +530,7 @@ func TestMCPClientGone(t *testing.T) {
 	keepPID := keep.cmd.Process.Pid
 	_ = keep.cs.Close()
 	runtest.Eventually(t, "the keep server to exit", func() bool { return !proc.Alive(keepPID, 0) })
-	if got := groupMembers(hk.PGID); len(got) != 3 {
+	if got := runtest.Members(hk.PGID); len(got) != 3 {
 		t.Errorf("--on-exit keep: the kept run's group has %d live members, want 3", len(got))
 	}
 	if r, _ := c.status("kept"); r.State != "running" {

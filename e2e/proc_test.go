@@ -1,63 +1,20 @@
 package e2e
 
 import (
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
+	"github.com/agent-wrap/agent-wrap/internal/runtest"
 	"github.com/agent-wrap/agent-wrap/proc"
 )
-
-// pstat is one process as /proc/PID/stat shows it.
-type pstat struct {
-	pid   int
-	state byte
-	ppid  int
-	pgrp  int
-	sid   int
-	start uint64 // clock ticks since boot
-}
-
-// readStat reads /proc/PID/stat with package proc's parser.
-func readStat(pid int) (pstat, bool) {
-	st, err := proc.ReadStat(pid)
-	if err != nil {
-		return pstat{}, false
-	}
-	return pstat{pid: st.PID, state: st.State, ppid: st.PPID, pgrp: st.PGID, sid: st.SID, start: st.Start}, true
-}
-
-// dead reports whether the state is that of a process that runs nothing
-// (proc.Stat.Dead).
-func (p pstat) dead() bool { return proc.Stat{State: p.state}.Dead() }
-
-// groupMembers lists the live processes of process group pgid.
-func groupMembers(pgid int) []pstat {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []pstat
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, ok := readStat(pid); ok && st.pgrp == pgid && !st.dead() {
-			out = append(out, st)
-		}
-	}
-	return out
-}
 
 // waitGroupEmpty waits until no live process is left in group pgid.
 func waitGroupEmpty(t *testing.T, pgid int) {
 	t.Helper()
-	var left []pstat
+	var left []proc.Stat
 	deadline := time.Now().Add(waitLong)
 	for {
-		left = groupMembers(pgid)
+		left = runtest.Members(pgid)
 		if len(left) == 0 {
 			return
 		}
@@ -68,20 +25,26 @@ func waitGroupEmpty(t *testing.T, pgid int) {
 	}
 }
 
+// childrenOf lists the live children of pid.
+func childrenOf(pid int) []proc.Stat {
+	out, _ := proc.ScanInto(nil, func(st proc.Stat) bool { return st.PPID == pid && !st.Dead() })
+	return out
+}
+
 // ancestors returns pid's parent chain, nearest first, stopping before stop
 // (exclusive) or at PID 1.
-func ancestors(pid, stop int) []pstat {
-	var out []pstat
+func ancestors(pid, stop int) []proc.Stat {
+	var out []proc.Stat
 	for {
-		st, ok := readStat(pid)
-		if !ok || st.ppid <= 1 || st.ppid == stop {
+		st, err := proc.ReadStat(pid)
+		if err != nil || st.PPID <= 1 || st.PPID == stop {
 			return out
 		}
-		p, ok := readStat(st.ppid)
-		if !ok {
+		p, err := proc.ReadStat(st.PPID)
+		if err != nil {
 			return out
 		}
 		out = append(out, p)
-		pid = st.ppid
+		pid = st.PPID
 	}
 }

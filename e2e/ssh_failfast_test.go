@@ -134,7 +134,7 @@ func (c *ctlHarness) heldLaunch(id string, hold func()) (*ctl, int) {
 	var client int
 	runtest.Eventually(c.t, "the launch's ssh client", func() bool {
 		for _, p := range childrenOf(k.cmd.Process.Pid) {
-			client = p.pid
+			client = p.PID
 		}
 		return client > 0
 	})

@@ -78,8 +78,8 @@ func TestSSHFailClientKilled(t *testing.T) {
 	c.waitEvent("fail-client", "detached", 0)
 	c.waitEvent("fail-client", "attached", 0)
 	for _, m := range members {
-		if !proc.Alive(m.pid, m.start) {
-			t.Errorf("member %d died with the client", m.pid)
+		if !proc.Alive(m.PID, m.Start) {
+			t.Errorf("member %d died with the client", m.PID)
 		}
 	}
 	if cur, _ := c.status("fail-client"); cur.State != "running" {

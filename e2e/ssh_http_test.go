@@ -118,7 +118,7 @@ func procsHolding(needle string) []string {
 // the launch (`run --detach`), or nil.
 func (k *ctl) launchClient() []byte {
 	for _, p := range childrenOf(k.cmd.Process.Pid) {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cmdline")
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/cmdline")
 		if bytes.Contains(b, []byte(" run --detach ")) {
 			return b
 		}

@@ -301,8 +301,8 @@ func TestSSHTwoControllersOneCancelled(t *testing.T) {
 	}
 	c.treeGone("two-a")
 	for _, m := range bMembers {
-		if !proc.Alive(m.pid, m.start) {
-			t.Errorf("b's member %d died with a's cancel", m.pid)
+		if !proc.Alive(m.PID, m.Start) {
+			t.Errorf("b's member %d died with a's cancel", m.PID)
 		}
 	}
 	os.WriteFile(gate, nil, 0o600)
@@ -422,7 +422,7 @@ func testSSHKilledAtEachMoment(t *testing.T, c *ctlHarness) {
 		runtest.Eventually(t, m.id+": the moment", func() bool { return m.when(m.id, k) })
 		var clients []int
 		for _, p := range childrenOf(k.cmd.Process.Pid) {
-			clients = append(clients, p.pid)
+			clients = append(clients, p.PID)
 		}
 		k.signal(t, syscall.SIGKILL)
 		k.wait(t)

@@ -169,19 +169,10 @@ func (k *ctl) wait(t *testing.T) int {
 // `attach` (a child of the controller, chosen by its command line among
 // the controller's own children), or 0.
 func (k *ctl) attachClient() int {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, ok := readStat(pid)
-		if !ok || st.ppid != k.cmd.Process.Pid || st.dead() {
-			continue
-		}
-		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+	for _, st := range childrenOf(k.cmd.Process.Pid) {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(st.PID) + "/cmdline")
 		if bytes.Contains(b, []byte(" attach ")) {
-			return pid
+			return st.PID
 		}
 	}
 	return 0
@@ -267,22 +258,6 @@ func (c *ctlHarness) settle(args ...string) (int, string) {
 func execBin(args ...string) (string, error) {
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	return string(out), err
-}
-
-// childrenOf lists the live children of pid.
-func childrenOf(pid int) []pstat {
-	ents, _ := os.ReadDir("/proc")
-	var out []pstat
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, ok := readStat(p); ok && st.ppid == pid && !st.dead() {
-			out = append(out, st)
-		}
-	}
-	return out
 }
 
 var muxDirs sync.Map // *testing.T -> its AGENT_WRAP_MUX_DIR

@@ -26,8 +26,8 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 	members := waitMembers(t, r.PGID, 3)
 
 	// Kill the wrapper, by its recorded PID checked against its start time.
-	if st, ok := readStat(r.WrapperPID); !ok || st.start != r.WrapperStart {
-		t.Fatalf("wrapper %d is not the recorded process (start %d, recorded %d)", r.WrapperPID, st.start, r.WrapperStart)
+	if st, err := proc.ReadStat(r.WrapperPID); err != nil || st.Start != r.WrapperStart {
+		t.Fatalf("wrapper %d is not the recorded process (start %d, recorded %d)", r.WrapperPID, st.Start, r.WrapperStart)
 	}
 	if err := syscall.Kill(r.WrapperPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -43,8 +43,8 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 	deadline := h.endLease(id)
 	runtest.Eventually(t, "the lease deadline to pass", func() bool { return time.Now().After(deadline.Add(time.Second)) })
 	for _, m := range members {
-		if !proc.Alive(m.pid, m.start) {
-			t.Fatalf("member %d died before the watchdog ran: nothing left to prove", m.pid)
+		if !proc.Alive(m.PID, m.Start) {
+			t.Fatalf("member %d died before the watchdog ran: nothing left to prove", m.PID)
 		}
 	}
 	w := h.ssh("watchdog", "--once")
@@ -53,8 +53,8 @@ func TestWatchdogStopsRunOfDeadWrapper(t *testing.T) {
 	}
 	waitGroupEmpty(t, r.PGID)
 	for _, m := range members {
-		if proc.Alive(m.pid, m.start) {
-			t.Errorf("member %d alive after the watchdog", m.pid)
+		if proc.Alive(m.PID, m.Start) {
+			t.Errorf("member %d alive after the watchdog", m.PID)
 		}
 	}
 	final := h.waitTerminal(id)

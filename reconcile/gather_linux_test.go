@@ -73,7 +73,7 @@ func TestGatherRealProcess(t *testing.T) {
 	// Kill it but do not reap it yet: a zombie is dead.
 	cmd.Process.Kill()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if s, err := proc.ReadStat(pid); err != nil || s.Dead() {
+		if !proc.Alive(pid, 0) {
 			break
 		}
 		if time.Now().After(deadline) {

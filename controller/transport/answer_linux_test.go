@@ -68,7 +68,7 @@ func TestRenewAnswerRoundTrip(t *testing.T) {
 	defer cancel()
 	b.lead(ctx)
 	spool := map[string]string{}
-	ans := map[string]batchAnswer{}
+	ans := map[string]BatchAnswer{}
 	for _, id := range ids {
 		p := filepath.Join(b.dir, "ans", id)
 		bs, err := os.ReadFile(p)

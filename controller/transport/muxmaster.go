@@ -130,8 +130,8 @@ func (m *mux) release() {
 	f := m.users
 	m.users = nil
 	defer f.Close()
-	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+	_ = flock.Lock(int(f.Fd()), syscall.LOCK_UN)
+	if flock.Lock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
 		return // another controller uses them: its to stop
 	}
 	m.stopAll()

@@ -110,7 +110,7 @@ func (m *mux) takeTicket(slot int, long bool) *ticket {
 		if err != nil {
 			return nil
 		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+		if flock.Lock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
 			return &ticket{f: f, slot: slot, idx: k}
 		}
 		f.Close()
@@ -129,7 +129,7 @@ func (m *mux) heldTickets(slot int, mine *ticket) int {
 		if err != nil {
 			continue
 		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		if flock.Lock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
 			n++
 		}
 		f.Close()

@@ -58,23 +58,17 @@ func TestOrphanGuard(t *testing.T) {
 			})
 			cmd.Process.Signal(syscall.SIGKILL)
 			cmd.Wait()
-			for alive(guarded) {
+			for proc.Alive(guarded, 0) {
 				if time.Now().After(deadline) {
 					t.Fatalf("group %d outlived its controller by 30s: the guard did not kill it", guarded)
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			if !alive(released) {
+			if !proc.Alive(released, 0) {
 				t.Errorf("group %d, unregistered before the controller died, was killed", released)
 			}
 		})
 	}
-}
-
-// alive reports whether pid runs (a zombie does not count).
-func alive(pid int) bool {
-	st, err := proc.ReadStat(pid)
-	return err == nil && !st.Dead()
 }
 
 // guardChildRole is the controller's side: the guard, a registered group

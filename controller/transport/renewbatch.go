@@ -63,16 +63,16 @@ func newRenewBatch(muxDir string, h *Host) *renewBatch {
 func (h *Host) Batched() bool { return h.batch != nil }
 
 // RenewBatched renews run id with the others of its moment, within
-// timeout. A batchAnswer with Single set: the host has no batch renew,
+// timeout. A BatchAnswer with Single set: the host has no batch renew,
 // renew the run alone. Only where Batched.
-func (h *Host) RenewBatched(ctx context.Context, id string, timeout time.Duration) batchAnswer {
+func (h *Host) RenewBatched(ctx context.Context, id string, timeout time.Duration) BatchAnswer {
 	return h.batch.renew(ctx, id, timeout)
 }
 
-// batchAnswer is one run's answer, as the leader writes it to ans/ID:
+// BatchAnswer is one run's answer, as the leader writes it to ans/ID:
 // renew's JSON line for it (answer.Renew), or what the leader knows when
 // there is none.
-type batchAnswer struct {
+type BatchAnswer struct {
 	answer.Renew
 
 	Lost   string `json:"lost,omitempty"`   // the session failed as a connection: why
@@ -82,12 +82,12 @@ type batchAnswer struct {
 
 // lostAnswer is the answer of a renewal of run id that got no host answer:
 // why it was lost.
-func lostAnswer(id, why string) batchAnswer {
-	return batchAnswer{Renew: answer.Renew{RunID: id}, Lost: why}
+func lostAnswer(id, why string) BatchAnswer {
+	return BatchAnswer{Renew: answer.Renew{RunID: id}, Lost: why}
 }
 
 // renew renews run id with the others of its moment, within timeout.
-func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration) batchAnswer {
+func (b *renewBatch) renew(ctx context.Context, id string, timeout time.Duration) BatchAnswer {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for _, d := range []string{b.dir, filepath.Join(b.dir, "want"), filepath.Join(b.dir, "ans")} {
@@ -172,7 +172,7 @@ func (b *renewBatch) lead(ctx context.Context) {
 			continue
 		}
 		// An exclusive flock that succeeds: nobody waits for this one.
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err = flock.Lock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		f.Close()
 		os.Remove(p)
 		if err != nil {
@@ -186,17 +186,17 @@ func (b *renewBatch) lead(ctx context.Context) {
 	res := b.h.Call(ctx, Call{Line: b.h.Remote(append([]string{"renew", "--json"}, ids...)...), Stdout: &out, Stderr: &errb})
 	got := answer.ParseRenew(out.Bytes())
 	for _, id := range ids {
-		var a batchAnswer
+		var a BatchAnswer
 		r, ok := got[id]
 		switch {
 		case ok:
 			// The spool keeps the fields renewCall reads, as it always has.
 			r.State, r.Deadline = "", 0
-			a = batchAnswer{Renew: r, Batch: len(ids)}
+			a = BatchAnswer{Renew: r, Batch: len(ids)}
 		case res.Lost():
 			a = lostAnswer(id, res.Why())
 		case len(got) == 0:
-			a = batchAnswer{Renew: answer.Renew{RunID: id}, Single: true}
+			a = BatchAnswer{Renew: answer.Renew{RunID: id}, Single: true}
 		default:
 			a = lostAnswer(id, fmt.Sprintf("renew --json exited %d without a line for this run", res.Code))
 		}
@@ -204,7 +204,7 @@ func (b *renewBatch) lead(ctx context.Context) {
 	}
 }
 
-func writeAnswer(path string, a batchAnswer) {
+func writeAnswer(path string, a BatchAnswer) {
 	bs, _ := json.Marshal(a)
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)) // run IDs never begin with a dot
 	if os.WriteFile(tmp, bs, 0o600) == nil {
@@ -213,15 +213,15 @@ func writeAnswer(path string, a batchAnswer) {
 }
 
 // readAnswer takes the answer at path, if there is one.
-func readAnswer(path string) (batchAnswer, bool) {
+func readAnswer(path string) (BatchAnswer, bool) {
 	bs, err := os.ReadFile(path)
 	if err != nil {
-		return batchAnswer{}, false
+		return BatchAnswer{}, false
 	}
 	os.Remove(path)
-	var a batchAnswer
+	var a BatchAnswer
 	if json.Unmarshal(bs, &a) != nil {
-		return batchAnswer{}, false
+		return BatchAnswer{}, false
 	}
 	return a, true
 }

@@ -195,13 +195,7 @@ func Members(pgid int) []proc.Stat {
 	if pgid <= 1 {
 		return nil
 	}
-	all, _ := proc.Scan()
-	var out []proc.Stat
-	for _, p := range all {
-		if p.PGID == pgid && !p.Dead() {
-			out = append(out, p)
-		}
-	}
+	out, _ := proc.ScanInto(nil, func(p proc.Stat) bool { return p.PGID == pgid && !p.Dead() })
 	return out
 }
 

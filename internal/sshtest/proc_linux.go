@@ -17,15 +17,13 @@ type process struct {
 
 // childrenOf lists the live processes whose parent is ppid.
 func childrenOf(ppid int) []process {
-	all, err := proc.Scan()
+	kids, err := proc.ScanInto(nil, func(st proc.Stat) bool { return st.PPID == ppid && !st.Dead() })
 	if err != nil {
 		return nil
 	}
 	var out []process
-	for _, st := range all {
-		if st.PPID == ppid && !st.Dead() {
-			out = append(out, process{st.PID, st.Start})
-		}
+	for _, st := range kids {
+		out = append(out, process{st.PID, st.Start})
 	}
 	return out
 }
