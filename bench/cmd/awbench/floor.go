@@ -214,7 +214,9 @@ const floorMethods = `- **floor**: ` + "`bin/awfloor ROOT ID CMD`" + ` (bench/cm
   ` + "`starting`" + `, ` + "`running`" + ` and a final record, each a temp file fsynced and renamed,
   the final one with its directory fsynced; on TERM the intent journaled and
   fsynced, ` + "`cancelling`" + `, TERM to the group, every descendant reaped (as
-  subreaper), ` + "`cancelled`" + ` with its directory. Start: agent-wrap ` + "`run --no-stream\n  --lease 0 ID -- true`" + ` against it, setsid and tini in the same rounds. Cancel:
+  subreaper), ` + "`cancelled`" + ` with its directory. Start: agent-wrap ` + "`run --no-stream\n  --lease 0 ID -- true`" + ` against it, setsid and tini in the same rounds, and the
+  binaries' own start in those rounds: ` + "`agent-wrap version`" + ` against awfloor with no
+  arguments (usage, exit 64), with the start ratio that difference leaves. Cancel:
   the cancel figure's tree and clock, TERM to agent-wrap against TERM to awfloor
   (and tini); ` + "`agent-wrap cancel`" + ` against the same round's TERM sample plus one
   ` + "`agent-wrap version`" + `. Each ratio is the median of the rounds' own ratios, and
