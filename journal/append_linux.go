@@ -59,6 +59,28 @@ func Open(d *rundir.Dir) (*Writer, error) {
 	return &Writer{file: file, end: -1}, nil
 }
 
+// Tail is Tail(d) for the journal this Writer appends to, without opening
+// it again: when the file still has the size this Writer's last append
+// left (the journal only grows, so no one else appended since), the mark is
+// that line's, known without a read; otherwise the last line is read back
+// through the Writer's own descriptor.
+func (w *Writer) Tail() Mark {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(w.file.Fd()), &st); err != nil {
+		return Mark{}
+	}
+	if st.Size == w.end {
+		return Mark{Seq: w.seq, Hash: w.prev}
+	}
+	seq, hash, torn, err := tail(w.file, st.Size)
+	if err != nil || torn != nil {
+		return Mark{}
+	}
+	return Mark{Seq: seq, Hash: hash}
+}
+
 // Close closes the journal's descriptor.
 func (w *Writer) Close() error { return w.file.Close() }
 

@@ -247,6 +247,37 @@ func TestWriterInterleavedWithOthers(t *testing.T) {
 	}
 }
 
+// A Writer's Tail is Tail(d): known from its own last line, read back
+// after another process's, and zero on an empty journal.
+func TestWriterTail(t *testing.T) {
+	d := newDir(t)
+	w, err := Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if m := w.Tail(); m != (Mark{}) {
+		t.Fatalf("empty journal: Tail %+v, want zero", m)
+	}
+	same := func(what string) {
+		t.Helper()
+		if got, want := w.Tail(), Tail(d); got != want || got.Seq == 0 {
+			t.Fatalf("%s: Writer.Tail %+v, Tail %+v", what, got, want)
+		}
+	}
+	if _, err := w.Append("own", nil, false); err != nil {
+		t.Fatal(err)
+	}
+	same("after its own line")
+	if _, err := Append(d, "other", nil, false); err != nil {
+		t.Fatal(err)
+	}
+	same("after another's line")
+	if m := w.Tail(); m.Seq != 2 {
+		t.Fatalf("Tail %+v, want seq 2", m)
+	}
+}
+
 // A Writer whose last line was followed by a torn one (another process
 // died mid-write) does not chain to it: it reads the tail back, and writes
 // journal_torn first, like a one-line Append.

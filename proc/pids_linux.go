@@ -152,16 +152,11 @@ func RunTimeKept() bool {
 // TaskIDs appends to ids the thread IDs of pid (/proc/PID/task) and returns
 // them. A missing process is ErrGone.
 func TaskIDs(pid int, ids []int) ([]int, error) {
-	d, err := os.Open("/proc/" + strconv.Itoa(pid) + "/task")
+	names, err := readNames("/proc/" + strconv.Itoa(pid) + "/task")
 	if err != nil {
 		if os.IsNotExist(err) {
 			return ids, goneError(pid)
 		}
-		return ids, err
-	}
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
 		return ids, err
 	}
 	for _, n := range names {

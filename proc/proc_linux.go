@@ -214,7 +214,11 @@ func BootID() (string, error) {
 	if id := bootID.Load(); id != nil {
 		return *id, nil
 	}
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	// Read with readSmall, not os.ReadFile: the runtime's poller would take
+	// this /proc/sys file, report it ready and wake its thread, at the start
+	// of every wrapper.
+	var buf [64]byte
+	b, err := readSmall("/proc/sys/kernel/random/boot_id", buf[:])
 	if err != nil {
 		return "", err
 	}
@@ -258,12 +262,7 @@ func SignalName(sig unix.Signal) string {
 // asks wait4.
 func Children(pid int) (children []int, ok bool) {
 	dir := "/proc/" + strconv.Itoa(pid) + "/task"
-	d, err := os.Open(dir)
-	if err != nil {
-		return nil, childrenSupported()
-	}
-	tids, err := d.Readdirnames(-1)
-	d.Close()
+	tids, err := readNames(dir)
 	if err != nil {
 		return nil, childrenSupported()
 	}
@@ -299,6 +298,21 @@ var (
 	childrenOnce sync.Once
 	childrenOK   bool
 )
+
+// readNames returns the names in the directory path. The directory is
+// opened with open(2) and listed through os.NewFile, which leaves a blocking
+// descriptor out of the runtime's poller: os.Open would try the poller
+// (a fcntl, an epoll_ctl refused with EPERM, two fcntl back), four system
+// calls more for each look at a process's threads.
+func readNames(path string) ([]string, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	d := os.NewFile(uintptr(fd), path)
+	defer d.Close()
+	return d.Readdirnames(-1)
+}
 
 // readSmall reads a /proc file into buf, growing it when it is full.
 func readSmall(path string, buf []byte) ([]byte, error) {

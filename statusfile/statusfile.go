@@ -319,8 +319,15 @@ func Read(d *rundir.Dir) (*Record, error) {
 // else the write fails and the old record stays whole. A durable write also removes the temp files
 // of writers that died before their rename (rundir.Dir.RemoveStaleTemps).
 func Write(d *rundir.Dir, r *Record, durable bool) error {
+	return WriteMarked(d, r, durable, journal.Tail(d))
+}
+
+// WriteMarked is Write for a caller that already knows the journal's mark
+// as it is now (the wrapper, through its journal.Writer: Writer.Tail), so
+// that the journal is not opened and read back for each record.
+func WriteMarked(d *rundir.Dir, r *Record, durable bool, m journal.Mark) error {
 	r.Schema = Schema
-	if m := journal.Tail(d); m.Seq > 0 {
+	if m.Seq > 0 {
 		r.JournalSeq, r.JournalHash = m.Seq, m.Hash
 	}
 	b, err := Marshal(r)

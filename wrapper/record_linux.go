@@ -117,7 +117,7 @@ func (s *supervisor) replaceRecord(disk *statusfile.Record, durable bool) bool {
 			s.rec.State, s.rec.Cause = disk.State, disk.Cause
 		}
 	}
-	if err := statusfile.Write(s.d, &s.rec, durable); err != nil {
+	if err := statusfile.WriteMarked(s.d, &s.rec, durable, s.journalTail()); err != nil {
 		s.warn("cannot write status.json (state %s): %v", s.rec.State, err)
 		return false
 	}
@@ -130,6 +130,18 @@ func (s *supervisor) journal(event string, f journal.Fields, sync bool) {
 	if err := s.appendJournal(event, f, sync); err != nil {
 		s.warn("cannot journal %s: %v", event, err)
 	}
+}
+
+// journalTail is the journal's mark for the next record: through the
+// run's open journal (journal.Writer.Tail), read back only when another
+// process appended since the wrapper's last line.
+func (s *supervisor) journalTail() journal.Mark {
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	if s.jw == nil {
+		return journal.Tail(s.d)
+	}
+	return s.jw.Tail()
 }
 
 func (s *supervisor) closeJournal() {
@@ -161,7 +173,7 @@ func (s *supervisor) writeFirstRecords(deadline int64) error {
 			return fmt.Errorf("cannot write deadline_epoch: %w", err)
 		}
 	}
-	if err := statusfile.Write(s.d, &s.rec, false); err != nil {
+	if err := statusfile.WriteMarked(s.d, &s.rec, false, s.journalTail()); err != nil {
 		return fmt.Errorf("cannot write status.json (state %s): %w", s.rec.State, err)
 	}
 	return nil

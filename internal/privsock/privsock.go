@@ -53,7 +53,7 @@ func Listen(path string) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("socket path %s is %d bytes, longer than a socket address holds (%d)", path, len(path), MaxPath)
 	}
 	removeStale(path)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := listen(path)
 	if err != nil {
 		return nil, err
 	}

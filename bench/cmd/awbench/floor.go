@@ -71,7 +71,12 @@ func (r *runner) floorStart(fl, root string) error {
 	floor := func() (float64, error) { return r.timed(0, nil, fl, root, r.id("ff"), "true") }
 	setsid := func() (float64, error) { return r.timed(0, nil, "setsid", "-w", "true") }
 	tini := func() (float64, error) { return r.timed(0, nil, "tini", "-s", "-g", "--", "true") }
-	s, err := bench.Interleave(3, r.n(40, 15), aw, floor, setsid, tini, awLease)
+	// The binaries' own start, in the same rounds: agent-wrap doing next to
+	// nothing (version: the runtime, every package's init, the command line)
+	// against awfloor doing nothing (no arguments: usage, exit 64).
+	version := func() (float64, error) { return r.timed(0, nil, r.bin, "version") }
+	floorSelf := func() (float64, error) { return r.timed(64, nil, fl) }
+	s, err := bench.Interleave(3, r.n(40, 15), aw, floor, setsid, tini, awLease, version, floorSelf)
 	if err != nil {
 		return err
 	}
@@ -92,6 +97,16 @@ func (r *runner) floorStart(fl, root string) error {
 	r.detail("floor start, agent-wrap with the default 5m lease (a deadline_epoch file): %s; %.2f× floor", spread(s[4], bench.Ms), bench.Median(s[4])/f)
 	r.detail("floor start, per-round ratios agent-wrap/floor: %s; ratio of the medians %.2f×; the floor itself is %.2f× setsid, %.2f× tini",
 		fmtRatios(pairRatios(s[0], s[1])), a/f, bench.Median(pairRatios(s[1], s[2])), bench.Median(pairRatios(s[1], s[3])))
+	// What the binary's own start accounts for: the per-round difference of
+	// the two programs doing nothing, taken off agent-wrap's run.
+	var own, gap, less []float64
+	for i := range s[0] {
+		own = append(own, s[5][i]-s[6][i])
+		gap = append(gap, s[0][i]-s[1][i])
+		less = append(less, (s[0][i]-own[i])/s[1][i])
+	}
+	r.detail("floor start, the binaries' own start: `agent-wrap version` %s, `awfloor` (no arguments: usage, exit 64) %s; agent-wrap's own start is %s longer (median of the rounds), of the %s between the runs; without it the run would be %.2f× floor (median of the rounds)",
+		spread(s[5], bench.Ms), spread(s[6], bench.Ms), bench.Ms(bench.Median(own)), bench.Ms(bench.Median(gap)), bench.Median(less))
 	return nil
 }
 
@@ -199,7 +214,9 @@ const floorMethods = `- **floor**: ` + "`bin/awfloor ROOT ID CMD`" + ` (bench/cm
   ` + "`starting`" + `, ` + "`running`" + ` and a final record, each a temp file fsynced and renamed,
   the final one with its directory fsynced; on TERM the intent journaled and
   fsynced, ` + "`cancelling`" + `, TERM to the group, every descendant reaped (as
-  subreaper), ` + "`cancelled`" + ` with its directory. Start: agent-wrap ` + "`run --no-stream\n  --lease 0 ID -- true`" + ` against it, setsid and tini in the same rounds. Cancel:
+  subreaper), ` + "`cancelled`" + ` with its directory. Start: agent-wrap ` + "`run --no-stream\n  --lease 0 ID -- true`" + ` against it, setsid and tini in the same rounds, and the
+  binaries' own start in those rounds: ` + "`agent-wrap version`" + ` against awfloor with no
+  arguments (usage, exit 64), with the start ratio that difference leaves. Cancel:
   the cancel figure's tree and clock, TERM to agent-wrap against TERM to awfloor
   (and tini); ` + "`agent-wrap cancel`" + ` against the same round's TERM sample plus one
   ` + "`agent-wrap version`" + `. Each ratio is the median of the rounds' own ratios, and
