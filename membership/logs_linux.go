@@ -64,6 +64,9 @@ func (l Logs) Holds(pid, fd int) bool {
 // stream them).
 func (r Run) holders(all []proc.Stat, judged map[int]bool) []Member {
 	rec := r.Record
+	if unheld, ok := r.Logs.Unheld(); !r.Logs.Known() || unheld && ok {
+		return nil // no process has them open for writing: none to look for
+	}
 	var found []Member
 	for _, p := range all {
 		if judged[p.PID] || p.Dead() || p.PID == rec.WrapperPID || p.Start < rec.WrapperStart {

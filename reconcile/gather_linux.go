@@ -215,7 +215,15 @@ func gatherOnce(d *rundir.Dir, full bool, table scan) (in Input, reread bool) {
 		in.MembersErr = fmt.Errorf("cannot read the process table: %w", err)
 		return in, true
 	}
-	targets, rejected := membership.Run{Record: judged, Logs: membership.LogsOf(d)}.Judge(all)
+	run := membership.Run{Record: judged}
+	if !statusfile.Terminal(judged.State) {
+		// A live record whose wrapper is gone: what holds the run's logs
+		// is the run's, as for the stop that would end it. A terminal
+		// record's verdict does not need it (see Decide), and a root of
+		// many ended runs is not read twice over for it.
+		run.Logs = membership.LogsOf(d)
+	}
+	targets, rejected := run.Judge(all)
 	in.Rejected = rejected
 	for _, t := range targets {
 		in.Members = append(in.Members, Member{PID: t.PID, PGID: t.PGID, SID: t.SID,
