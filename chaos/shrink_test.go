@@ -109,7 +109,7 @@ func TestScheduleIsFrozen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := Generate(1, Options{OtherUser: true, SSH: true}).String(); got != string(want) {
+	if got := Generate(1, Options{OtherUser: true, SSH: true, PG: true}).String(); got != string(want) {
 		t.Fatalf("seed 1 draws another schedule than testdata/seed1.schedule:\n%s", got)
 	}
 }
