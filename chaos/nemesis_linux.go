@@ -232,6 +232,12 @@ func (p *player) fault(st Step) {
 			ph = p.phase(r)
 		}
 		landed, note = p.signalEach(ids, st.Fault == "kill-pg-backend", st.Pause)
+	case "kill-postmaster":
+		if p.pg == nil {
+			landed, note = false, "no PostgreSQL"
+			break
+		}
+		landed, note = p.killPostmaster(st.Pause)
 	case "gc":
 		landed, note = p.gc(r.u)
 	case "fill":

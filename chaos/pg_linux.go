@@ -7,10 +7,14 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agent-wrap/agent-wrap/internal/pgtest"
 	"github.com/agent-wrap/agent-wrap/proc"
+	"github.com/agent-wrap/agent-wrap/stop"
 )
 
 // The PostgreSQL ledger: a schedule with a controller run drawn PG starts
@@ -27,6 +31,9 @@ import (
 type pgSide struct {
 	srv *pgtest.Server
 	db  string
+
+	mu sync.Mutex
+	pm proc.Identity // the postmaster started last; zero while it is down
 }
 
 // startPG starts the server, makes the schedule's database and its ledger
@@ -40,6 +47,7 @@ func (p *player) startPG() (*pgSide, error) {
 		return nil, fmt.Errorf("PostgreSQL for the ledger: %w", err)
 	}
 	side := &pgSide{srv: srv}
+	side.pm = side.started()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if side.db, err = srv.NewDB(ctx); err != nil {
@@ -74,9 +82,9 @@ func (p *player) ledgerArg(r *runState) string {
 	return p.ssh.ledger
 }
 
-// postmaster is the server's postmaster, by postmaster.pid and its start
-// time (zero when it is not running).
-func (s *pgSide) postmaster() proc.Identity {
+// started is the identity of the postmaster just started, by
+// postmaster.pid and its start time.
+func (s *pgSide) started() proc.Identity {
 	pid := s.srv.PID()
 	if pid <= 1 {
 		return proc.Identity{}
@@ -86,6 +94,74 @@ func (s *pgSide) postmaster() proc.Identity {
 		return proc.Identity{}
 	}
 	return proc.Identity{PID: pid, Start: st.Start}
+}
+
+// postmaster is the server's postmaster while it runs (zero once it was
+// killed, until it is restarted): the identity recorded when it started,
+// still alive with that start time.
+func (s *pgSide) postmaster() proc.Identity {
+	s.mu.Lock()
+	pm := s.pm
+	s.mu.Unlock()
+	if pm.PID <= 1 {
+		return proc.Identity{}
+	}
+	st, err := proc.ReadStat(pm.PID)
+	if err != nil || st.Dead() || st.Start != pm.Start {
+		return proc.Identity{}
+	}
+	return pm
+}
+
+// killPostmaster SIGKILLs the postmaster by PID and start time, waits for
+// it and its backends (which see it gone) to exit, and restarts the
+// server on the same data directory and port after pause: the database
+// away, then back after its crash recovery. The restart is skipped once
+// the schedule ends (the teardown stops what runs).
+func (p *player) killPostmaster(pause time.Duration) (bool, string) {
+	pm := p.pg.postmaster()
+	if pm.PID <= 1 {
+		return false, "the postmaster is down"
+	}
+	backends := childrenOf(pm.PID, nil)
+	if err := stop.Signal(pm, unix.SIGKILL); err != nil {
+		return false, err.Error()
+	}
+	p.pg.mu.Lock()
+	p.pg.pm = proc.Identity{}
+	p.pg.mu.Unlock()
+	if err := p.pg.srv.Reap(10 * time.Second); err != nil {
+		return true, err.Error()
+	}
+	go func() {
+		select {
+		case <-time.After(pause):
+		case <-p.quit:
+			return
+		}
+		for _, b := range backends {
+			p.cont(b) // a backend the nemesis stopped cannot see its postmaster gone
+		}
+		gone := func() bool {
+			for _, b := range backends {
+				if st, err := proc.ReadStat(b.PID); err == nil && !st.Dead() && st.Start == b.Start {
+					return false
+				}
+			}
+			return true
+		}
+		p.within(10*time.Second, nil, gone)
+		if err := p.pg.srv.Restart(); err != nil {
+			p.logf("PostgreSQL: restart after kill-postmaster: %v", err)
+			return
+		}
+		pm := p.pg.started()
+		p.pg.mu.Lock()
+		p.pg.pm = pm
+		p.pg.mu.Unlock()
+		p.logf("PostgreSQL: restarted (postmaster pid %d)", pm.PID)
+	}()
+	return true, fmt.Sprintf("postmaster pid %d (%d backends), restart after %v", pm.PID, len(backends), pause)
 }
 
 // backendsOf are the backends serving the connections named app, as

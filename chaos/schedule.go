@@ -78,6 +78,7 @@ var sshFaults = []string{
 var pgFaults = []string{
 	"kill-pg-backend", "stop-pg-backend", // the backend serving the run's controller (SIGKILL: the server resets every connection)
 	"stop-postmaster", // the postmaster: new connections wait, existing ones go on
+	"kill-postmaster", // SIGKILL of the postmaster, its backends left to exit; restarted after a pause (crash recovery)
 }
 
 // ctlFaults are the faults drawn over a controller run (the PostgreSQL

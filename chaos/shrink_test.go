@@ -80,7 +80,7 @@ func TestGenerateIsASeedsFunction(t *testing.T) {
 	if c := Generate(43, Options{OtherUser: true}); c.String() == a.String() {
 		t.Fatalf("seeds 42 and 43 drew the same schedule")
 	}
-	if got := Generate(42, Options{OtherUser: true, SSH: true}).Replay(); got != "make chaos SEED=42" {
+	if got := Generate(42, Options{OtherUser: true, SSH: true, PG: true}).Replay(); got != "make chaos SEED=42" {
 		t.Errorf("the default options replay as %q", got)
 	}
 	if got := a.Replay(); !strings.Contains(got, "-seed 42 ") || !strings.Contains(got, "-ssh=false") {
