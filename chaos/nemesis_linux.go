@@ -227,8 +227,10 @@ func (p *player) fault(st Step) {
 		}
 		if !find() {
 			// The controller connects at its first ledger call and again
-			// after its connection broke: wait a moment for it.
-			p.within(time.Second, nil, find)
+			// at its next one after its connection broke (a killed
+			// backend resets every connection): wait for its next
+			// heartbeat, at most a third of its --give-up apart.
+			p.within((r.spec.Lease+r.spec.Grace+5*time.Second)/3+500*time.Millisecond, nil, find)
 			ph = p.phase(r)
 		}
 		landed, note = p.signalEach(ids, st.Fault == "kill-pg-backend", st.Pause)
