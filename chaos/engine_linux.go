@@ -168,6 +168,7 @@ type player struct {
 	wg        sync.WaitGroup
 	seenProcs map[int]tagged // the /proc scan's cache
 	ssh       *sshSide       // nil: no controller runs
+	pg        *pgSide        // nil: no controller run with a PostgreSQL ledger
 	// endedEarly: the schedule was cut short (a check failed, the
 	// campaign's time ran out) before every run's bound had passed.
 	endedEarly bool
@@ -295,6 +296,11 @@ func (p *player) setup() error {
 	for _, rs := range p.s.Runs {
 		if rs.SSH && p.ssh == nil {
 			if p.ssh, err = p.startSSH(); err != nil {
+				return err
+			}
+		}
+		if rs.SSH && rs.PG && p.pg == nil {
+			if p.pg, err = p.startPG(); err != nil {
 				return err
 			}
 		}

@@ -202,8 +202,44 @@ func (p *player) fault(st Step) {
 			landed, note = false, "no ledger"
 			break
 		}
-		code, out := p.exec(p.users[0], 60*time.Second, "settle", "--all", "--ledger", p.ssh.ledger)
+		ledger := p.ssh.ledger
+		if r.spec.PG && p.pg != nil {
+			ledger = p.pg.url("") // the PostgreSQL ledger the run is in
+		}
+		code, out := p.exec(p.users[0], 60*time.Second, "settle", "--all", "--ledger", ledger)
 		note = fmt.Sprintf("exit %d %s", code, firstLine(out))
+	case "kill-pg-backend", "stop-pg-backend", "stop-postmaster":
+		if p.pg == nil {
+			landed, note = false, "no PostgreSQL"
+			break
+		}
+		var ids []proc.Identity
+		find := func() bool {
+			if st.Fault == "stop-postmaster" {
+				ids = nil
+				if pm := p.pg.postmaster(); pm.PID > 1 {
+					ids = []proc.Identity{pm}
+				}
+			} else {
+				ids = p.pg.backendsOf(appOf(r))
+			}
+			return len(ids) > 0
+		}
+		if !find() {
+			// The controller connects at its first ledger call and again
+			// at its next one after its connection broke (a killed
+			// backend resets every connection): wait for its next
+			// heartbeat, at most a third of its --give-up apart.
+			p.within((r.spec.Lease+r.spec.Grace+5*time.Second)/3+500*time.Millisecond, nil, find)
+			ph = p.phase(r)
+		}
+		landed, note = p.signalEach(ids, st.Fault == "kill-pg-backend", st.Pause)
+	case "kill-postmaster":
+		if p.pg == nil {
+			landed, note = false, "no PostgreSQL"
+			break
+		}
+		landed, note = p.killPostmaster(st.Pause)
 	case "gc":
 		landed, note = p.gc(r.u)
 	case "fill":

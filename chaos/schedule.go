@@ -73,8 +73,20 @@ var sshFaults = []string{
 	"settle", // work beside the runs: `settle --all` of the controllers' ledger while they drive their runs
 }
 
+// pgFaults are what it does besides to a controller run whose ledger is
+// in PostgreSQL (RunSpec.PG): to the schedule's own server.
+var pgFaults = []string{
+	"kill-pg-backend", "stop-pg-backend", // the backend serving the run's controller (SIGKILL: the server resets every connection)
+	"stop-postmaster", // the postmaster: new connections wait, existing ones go on
+	"kill-postmaster", // SIGKILL of the postmaster, its backends left to exit; restarted after a pause (crash recovery)
+}
+
+// ctlFaults are the faults drawn over a controller run (the PostgreSQL
+// ones are drawn apart, so that adding them changed no seed's draws).
+var ctlFaults = append(append([]string{}, hostFaults...), sshFaults...)
+
 // Faults are every fault, as the coverage table lists them.
-var Faults = append(append([]string{}, hostFaults...), sshFaults...)
+var Faults = append(append([]string{}, ctlFaults...), pgFaults...)
 
 // Phases of a run in which a fault can land, as seen when it lands.
 var Phases = []string{"claim", "start", "running", "grace", "final"}
@@ -100,6 +112,9 @@ type RunSpec struct {
 	// controller too slow to renew would. Without it a controller
 	// renews until the job ends, and a 60 s job never sees its deadline.
 	LateRenew bool
+	// PG (SSH runs only): the controller's ledger is a database of a
+	// PostgreSQL server of the schedule's own, not a directory.
+	PG bool
 }
 
 // Step is one fault.
@@ -123,10 +138,10 @@ type Schedule struct {
 // Replay is the command that plays the schedule again.
 func (s Schedule) Replay() string {
 	o := s.Options
-	if o == (Options{OtherUser: true, SSH: true}).withDefaults() {
+	if o == (Options{OtherUser: true, SSH: true, PG: true}).withDefaults() {
 		return fmt.Sprintf("make chaos SEED=%d", s.Seed)
 	}
-	cmd := fmt.Sprintf("bin/awchaos -bin bin/agent-wrap -count 1 -seed %d -runs %d -faults %d -ssh=%v", s.Seed, o.Runs, o.Faults, o.SSH)
+	cmd := fmt.Sprintf("bin/awchaos -bin bin/agent-wrap -count 1 -seed %d -runs %d -faults %d -ssh=%v -pg=%v", s.Seed, o.Runs, o.Faults, o.SSH, o.PG)
 	if !o.OtherUser {
 		cmd += ` -user ""`
 	}
@@ -142,6 +157,10 @@ type Options struct {
 	// the relay's among them), drawn from a stream of their own: the other
 	// runs and faults of a seed are the same with SSH or without.
 	SSH bool
+	// PG (with SSH) gives one controller run in two a ledger in
+	// PostgreSQL, and 1 or 2 faults of the server, drawn from a fourth
+	// stream: the rest of a seed's schedule is the same with PG or without.
+	PG bool
 }
 
 func (o Options) withDefaults() Options {
@@ -179,6 +198,7 @@ func Generate(seed uint64, o Options) Schedule {
 	if o.SSH {
 		rs2 := rand.New(rand.NewPCG(seed^0x5348, seed+0x5348))
 		rs3 := rand.New(rand.NewPCG(seed^0x4354, seed+0x4354))
+		rs4 := rand.New(rand.NewPCG(seed^0x5047, seed+0x5047))
 		n := 1 + rs2.IntN(2)
 		for k := 0; k < n; k++ {
 			run := RunSpec{Index: o.Runs + k, At: time.Duration(rs2.IntN(1501)) * time.Millisecond, Shape: Shapes[rs2.IntN(len(Shapes))],
@@ -187,8 +207,9 @@ func Generate(seed uint64, o Options) Schedule {
 				run.Shape = Nested
 			}
 			run.LateRenew = rs3.IntN(2) == 0
+			run.PG = o.PG && rs4.IntN(2) == 0
 			s.Runs = append(s.Runs, run)
-			s.Steps = append(s.Steps, drawFaults(rs2, run, o, Faults)...)
+			s.Steps = append(s.Steps, drawFaults(rs2, run, o, ctlFaults)...)
 			// And 1 to 3 faults of the controller's own, past its claim,
 			// from a third stream (the first two stay what they were).
 			// Drawn over all faults, these are too rare to cover every
@@ -200,6 +221,16 @@ func Generate(seed uint64, o Options) Schedule {
 			for range 1 + rs3.IntN(3) {
 				st := Step{Fault: sshFaults[rs3.IntN(len(sshFaults))], Run: run.Index, Aim: late[rs3.IntN(len(late))]}
 				s.Steps = append(s.Steps, timeFault(rs3, run, st))
+			}
+			// A PostgreSQL ledger's faults, from the fourth stream, phase
+			// first like the controller's own: the controller writes the
+			// launching row at the claim, heartbeats while the run runs,
+			// and settles it in its grace or at its end.
+			if run.PG {
+				for range 1 + rs4.IntN(2) {
+					st := Step{Fault: pgFaults[rs4.IntN(len(pgFaults))], Run: run.Index, Aim: Phases[rs4.IntN(len(Phases))]}
+					s.Steps = append(s.Steps, timeFault(rs4, run, st))
+				}
 			}
 		}
 	}
@@ -296,6 +327,9 @@ func (s Schedule) Until(t time.Duration) string {
 			who, mode = "root", "through agent-wrap ssh"
 			if r.LateRenew {
 				mode += " renewing too late"
+			}
+			if r.PG {
+				mode += " (ledger in PostgreSQL)"
 			}
 		}
 		ls = append(ls, line{r.At, fmt.Sprintf("run %d: %s %s as %s, lease %v grace %v", r.Index, r.Shape, mode, who, r.Lease, r.Grace)})

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -80,7 +81,7 @@ func TestGenerateIsASeedsFunction(t *testing.T) {
 	if c := Generate(43, Options{OtherUser: true}); c.String() == a.String() {
 		t.Fatalf("seeds 42 and 43 drew the same schedule")
 	}
-	if got := Generate(42, Options{OtherUser: true, SSH: true}).Replay(); got != "make chaos SEED=42" {
+	if got := Generate(42, Options{OtherUser: true, SSH: true, PG: true}).Replay(); got != "make chaos SEED=42" {
 		t.Errorf("the default options replay as %q", got)
 	}
 	if got := a.Replay(); !strings.Contains(got, "-seed 42 ") || !strings.Contains(got, "-ssh=false") {
@@ -109,7 +110,40 @@ func TestScheduleIsFrozen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := Generate(1, Options{OtherUser: true, SSH: true}).String(); got != string(want) {
+	if got := Generate(1, Options{OtherUser: true, SSH: true, PG: true}).String(); got != string(want) {
 		t.Fatalf("seed 1 draws another schedule than testdata/seed1.schedule:\n%s", got)
+	}
+}
+
+// TestPostgreSQLDrawsApart: -pg adds PostgreSQL ledgers and their faults
+// from a stream of their own; every other run and fault of a seed is what
+// it draws without -pg.
+func TestPostgreSQLDrawsApart(t *testing.T) {
+	pgRuns := 0
+	for seed := uint64(1); seed <= 60; seed++ {
+		a := Generate(seed, Options{OtherUser: true, SSH: true})
+		b := Generate(seed, Options{OtherUser: true, SSH: true, PG: true})
+		var steps []Step
+		for _, st := range b.Steps {
+			if !slices.Contains(pgFaults, st.Fault) {
+				steps = append(steps, st)
+			}
+		}
+		for i := range b.Runs {
+			if b.Runs[i].PG {
+				pgRuns++
+				if !b.Runs[i].SSH {
+					t.Fatalf("seed %d: run %d has a PostgreSQL ledger but no controller", seed, b.Runs[i].Index)
+				}
+			}
+			b.Runs[i].PG = false
+		}
+		b.Steps, b.Options = steps, a.Options
+		if a.String() != b.String() {
+			t.Fatalf("seed %d: -pg changed the other draws:\nwithout:\n%s\nwith:\n%s", seed, a, b)
+		}
+	}
+	if pgRuns == 0 {
+		t.Fatal("no seed of 1-60 drew a PostgreSQL ledger")
 	}
 }

@@ -162,7 +162,7 @@ func (p *player) sshArgs(r *runState) []string {
 	rs := r.spec
 	args := []string{"ssh", "--rsh", p.ssh.rsh(), "--remote-bin", p.bin, "--remote-root", r.u.root,
 		"--id", r.id, "--lease", fmt.Sprint(rs.Lease), "--grace", fmt.Sprint(rs.Grace),
-		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ssh.ledger}
+		"--give-up", fmt.Sprint(rs.Lease + rs.Grace + 5e9), "--ledger", p.ledgerArg(r)}
 	if rs.LateRenew {
 		args = append(args, "--renew-every", fmt.Sprint(3*rs.Lease))
 	}
@@ -187,17 +187,21 @@ func (p *player) nestedJob(r *runState) []string {
 		p.ssh.srv.Destination(), "--", "env", r.tag, "sleep", "60"}
 }
 
-// ledgerOf reads the controller's record of r (nil if none).
-func (p *player) ledgerOf(r *runState) map[string]any {
+// ledgerOf reads the controller's record of r (nil if none): the file,
+// or the row through `agent-wrap ledger --json`.
+func (p *player) ledgerOf(r *runState) (map[string]any, error) {
+	if r.spec.PG && p.pg != nil {
+		return p.pgLedgerOf(r)
+	}
 	b, err := os.ReadFile(filepath.Join(p.ssh.ledger, r.id+".json"))
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	var m map[string]any
 	if json.Unmarshal(b, &m) != nil {
-		return map[string]any{"unparseable": string(b)}
+		return map[string]any{"unparseable": string(b)}, nil
 	}
-	return m
+	return m, nil
 }
 
 // checkLedger: a controller run ends settled (after a settle if the
@@ -219,7 +223,11 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 		b, _ := os.ReadFile(filepath.Join(p.ssh.ledger+"-nested", r.id+"-n.json"))
 		p.logf("run %d: the nested controller's ledger record: %s", idx, firstLine(string(b)))
 	}
-	m := p.ledgerOf(r)
+	m, err := p.ledgerOf(r)
+	if err != nil {
+		p.violate(CheckLedger, idx, "the ledger cannot be read: %v", err)
+		return
+	}
 	p.mu.Lock()
 	usage := !r.ended.IsZero() && r.code == 64
 	p.mu.Unlock()
@@ -232,9 +240,24 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 		return
 	}
 	if m["state"] != "settled" {
-		code, out := p.exec(p.users[0], 60e9, "settle", "--ledger", p.ssh.ledger, r.id)
+		code, out := p.exec(p.users[0], 60e9, "settle", "--ledger", p.ledgerArg(r), r.id)
 		p.logf("run %d: settle exited %d %s", idx, code, firstLine(out))
-		m = p.ledgerOf(r)
+		if m, err = p.ledgerOf(r); err != nil || m == nil {
+			p.violate(CheckLedger, idx, "the ledger record after a settle: %v (error %v)", m, err)
+			return
+		}
+	}
+	if m["state"] == "settled" {
+		// Settled once: another settle writes nothing over it. (One
+		// settled unknown is settled again by design, the host may know
+		// more by now: it must stay settled, its outcome may be learned.)
+		code, out := p.exec(p.users[0], 60e9, "settle", "--ledger", p.ledgerArg(r), r.id)
+		again, err := p.ledgerOf(r)
+		if err != nil || again == nil || again["state"] != "settled" || (m["outcome"] != "unknown" && !sameSettlement(m, again)) {
+			p.violate(CheckLedger, idx, "a settle of the settled run (exit %d %s) changed its record:\nbefore %v\nafter  %v (error %v)", code, firstLine(out), m, again, err)
+		} else if again != nil {
+			m = again
+		}
 	}
 	outcome, _ := m["outcome"].(string)
 	switch {
@@ -247,6 +270,7 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 	case outcome == "not_started" && hostOutcome != "" && hostOutcome != "none":
 		p.violate(CheckLedger, idx, "the ledger says not_started, the host's reconcile %s", hostOutcome)
 	}
+	p.logf("run %d: ledger (%s) %v/%v exit %v settled_by %v", idx, map[bool]string{true: "PostgreSQL", false: "files"}[r.spec.PG], m["state"], outcome, m["exit_code"], m["settled_by"] != nil)
 	if ec, ok := m["exit_code"].(float64); ok && (outcome == "completed" || outcome == "cancelled") {
 		p.mu.Lock()
 		code, ended := r.code, !r.ended.IsZero()
@@ -255,4 +279,14 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 			p.violate(CheckLedger, idx, "the controller exited %d, its ledger says exit %d (%s)", code, int(ec), outcome)
 		}
 	}
+}
+
+// sameSettlement: two reads of a settled record say the same settlement.
+func sameSettlement(a, b map[string]any) bool {
+	for _, k := range []string{"state", "outcome", "exit_code", "cause", "settled_at", "settled_by"} {
+		if fmt.Sprint(a[k]) != fmt.Sprint(b[k]) {
+			return false
+		}
+	}
+	return true
 }

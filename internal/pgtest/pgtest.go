@@ -247,6 +247,25 @@ func (s *Server) StopImmediate() error {
 	return nil
 }
 
+// Reap waits up to d for a server killed from outside (a SIGKILL of the
+// postmaster, as a test's nemesis sends) to exit, and forgets it, so that
+// Restart can start it again. A new postmaster refuses to start while a
+// backend of the old one is alive: the caller waits for those too.
+func (s *Server) Reap(d time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("pgtest: the server is not running")
+	}
+	select {
+	case <-s.done:
+	case <-time.After(d):
+		return fmt.Errorf("pgtest: the postmaster (pid %d) still runs %v later", s.cmd.Process.Pid, d)
+	}
+	s.cmd = nil
+	return nil
+}
+
 // Stop stops the server by its PID and removes its directory.
 func (s *Server) Stop() {
 	s.mu.Lock()

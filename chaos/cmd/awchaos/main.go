@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/agent-wrap/agent-wrap/chaos"
+	"github.com/agent-wrap/agent-wrap/internal/pgtest"
 	"github.com/agent-wrap/agent-wrap/internal/relay"
 )
 
@@ -42,6 +43,7 @@ func run() int {
 		slack    = flag.Duration("slack", 3*time.Second, "added to the lease bound for a loaded machine")
 		shrink   = flag.Int("shrink", 12, "replays the shrinker may make of a failing schedule (0: no shrinking)")
 		sshRuns  = flag.Bool("ssh", true, "add 1 or 2 runs per schedule driven by agent-wrap ssh through a relay to a local sshd")
+		pgRuns   = flag.Bool("pg", true, "with -ssh, give one controller run in two a ledger in PostgreSQL (a server per schedule) and its faults")
 		parallel = flag.Int("parallel", 3, "schedules played at once, each on its own tmpfs")
 		keepOn   = flag.Bool("keep-going", false, "play on after a failing schedule (report every failing seed at the end; no shrinking)")
 		print    = flag.Bool("schedule", false, "print the schedule of -seed and exit (nothing is played)")
@@ -49,7 +51,7 @@ func run() int {
 	)
 	flag.Parse()
 	if *print {
-		fmt.Print(chaos.Generate(*seed, chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != "", SSH: *sshRuns}))
+		fmt.Print(chaos.Generate(*seed, chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != "", SSH: *sshRuns, PG: *pgRuns}))
 		return 0
 	}
 	if os.Geteuid() != 0 {
@@ -59,6 +61,12 @@ func run() int {
 	if _, err := os.Stat(*bin); err != nil {
 		fmt.Fprintf(os.Stderr, "awchaos: the binary under test: %v\nhint: make build, or -bin PATH\n", err)
 		return 2
+	}
+	if *pgRuns && *sshRuns {
+		if err := pgtest.Missing(); err != nil {
+			fmt.Fprintf(os.Stderr, "awchaos: %v\nhint: make deps, or -pg=false\n", err)
+			return 2
+		}
 	}
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano()%1_000_000) + 1
@@ -76,7 +84,7 @@ func run() int {
 		}
 		cfg.User = *userName
 	}
-	camp := chaos.Campaign{Config: cfg, Options: chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != "", SSH: *sshRuns},
+	camp := chaos.Campaign{Config: cfg, Options: chaos.Options{Runs: *runs, Faults: *faults, OtherUser: *userName != "", SSH: *sshRuns, PG: *pgRuns},
 		First: *seed, Duration: *duration, Count: *count, Parallel: *parallel, KeepGoing: *keepOn, Out: os.Stdout}
 	fmt.Printf("awchaos: seeds from %d, %v (replay one: make chaos SEED=n)\n", *seed, *duration)
 	cov := chaos.NewCoverage()
