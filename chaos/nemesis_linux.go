@@ -190,9 +190,15 @@ func (p *player) fault(st Step) {
 			}
 			return len(ids) > 0
 		}
-		if !find() {
+		switch {
+		case st.Fault[5:] == "ssh-client":
+			// Between two calls of the controller: its next client may
+			// live for milliseconds.
+			ids = p.ssh.waitClients(p.controllerOf(r), 3*time.Second, p.quit)
+			ph = p.phase(r)
+		case !find():
 			// Between two calls of the controller: wait a moment for
-			// its next client (or connection, or master).
+			// its next connection, or master.
 			p.within(time.Second, nil, find) // a /proc scan each time: every 100 ms
 			ph = p.phase(r)
 		}

@@ -210,15 +210,15 @@ func Generate(seed uint64, o Options) Schedule {
 			run.PG = o.PG && rs4.IntN(2) == 0
 			s.Runs = append(s.Runs, run)
 			s.Steps = append(s.Steps, drawFaults(rs2, run, o, ctlFaults)...)
-			// And 1 to 3 faults of the controller's own, past its claim,
-			// from a third stream (the first two stay what they were).
-			// Drawn over all faults, these are too rare to cover every
-			// phase, and the late ones are narrow (a controller lives
-			// past its host's final record only for a moment): the
-			// phase is drawn first: grace three times as often as start
-			// or running, final twice.
-			late := []string{"start", "running", "grace", "grace", "grace", "final", "final"}
-			for range 1 + rs3.IntN(3) {
+			// And 2 to 5 faults of the controller's own, from a third
+			// stream (the first two stay what they were). Drawn over all
+			// faults, these are too rare to cover every phase, and the
+			// late ones are narrow (a controller lives past its host's
+			// final record only for a moment): the phase is drawn
+			// first: grace three times as often as claim, start or
+			// running, final twice.
+			late := []string{"claim", "start", "running", "grace", "grace", "grace", "final", "final"}
+			for range 2 + rs3.IntN(4) {
 				st := Step{Fault: sshFaults[rs3.IntN(len(sshFaults))], Run: run.Index, Aim: late[rs3.IntN(len(late))]}
 				s.Steps = append(s.Steps, timeFault(rs3, run, st))
 			}
@@ -227,8 +227,8 @@ func Generate(seed uint64, o Options) Schedule {
 			// launching row at the claim, heartbeats while the run runs,
 			// and settles it in its grace or at its end.
 			if run.PG {
-				for range 1 + rs4.IntN(2) {
-					st := Step{Fault: pgFaults[rs4.IntN(len(pgFaults))], Run: run.Index, Aim: Phases[rs4.IntN(len(Phases))]}
+				for range 2 + rs4.IntN(3) {
+					st := Step{Fault: pgFaults[rs4.IntN(len(pgFaults))], Run: run.Index, Aim: late[rs4.IntN(len(late))]}
 					s.Steps = append(s.Steps, timeFault(rs4, run, st))
 				}
 			}
@@ -286,8 +286,9 @@ func timeFault(r *rand.Rand, rs RunSpec, st Step) Step {
 	switch st.Fault {
 	case "kill-cancel", "stop-cancel", "kill-renew", "stop-renew", "kill-attach", "stop-attach":
 		st.Arg = r.IntN(40) // ms from the helper's start to the signal
-		if st.Aim == "final" {
-			// Of a run that is over, a helper answers at once: only
+		if st.Aim == "final" || st.Aim == "grace" && strings.HasSuffix(st.Fault, "-renew") {
+			// Of a run that is over, a helper answers at once, and a
+			// renewal of one that is stopping is refused at once: only
 			// a signal sent within a few milliseconds finds it.
 			st.Arg /= 10
 		}

@@ -136,6 +136,56 @@ func (s *sshSide) clientsOf(id proc.Identity) []proc.Identity {
 	return childrenOf(id.PID, skip)
 }
 
+// waitClients waits up to d for an `ssh` client of the controller id
+// (clientsOf), looking every 2 ms at the PIDs handed out since the last
+// look (ns_last_pid): a controller's clients through a ControlMaster live
+// for milliseconds, which a scan of /proc every 100 ms rarely meets.
+func (s *sshSide) waitClients(id proc.Identity, d time.Duration, quit <-chan struct{}) []proc.Identity {
+	if ids := s.clientsOf(id); len(ids) > 0 || id.PID <= 1 {
+		return ids
+	}
+	skip := map[int]bool{}
+	for _, m := range s.masters() {
+		skip[m.PID] = true
+	}
+	last, err := proc.LastPID()
+	if err != nil {
+		return nil
+	}
+	for until := time.Now().Add(d); time.Now().Before(until); {
+		select {
+		case <-quit:
+			return nil
+		case <-time.After(2 * time.Millisecond):
+		}
+		now, err := proc.LastPID()
+		if err != nil {
+			return nil
+		}
+		if now < last { // the PIDs wrapped around: look at them all
+			if ids := s.clientsOf(id); len(ids) > 0 {
+				return ids
+			}
+			last = now
+			continue
+		}
+		var out []proc.Identity
+		for pid := last + 1; pid <= now; pid++ {
+			if st, err := proc.ReadStat(pid); err == nil && st.PPID == id.PID && !st.Dead() && !skip[pid] {
+				out = append(out, proc.Identity{PID: st.PID, Start: st.Start})
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+		last = now
+		if !proc.Alive(id.PID, id.Start) {
+			return nil
+		}
+	}
+	return nil
+}
+
 // childrenOf lists the live children of ppid, but those in skip.
 func childrenOf(ppid int, skip map[int]bool) []proc.Identity {
 	all, _ := proc.Scan()
