@@ -207,6 +207,12 @@ func Generate(seed uint64, o Options) Schedule {
 				run.Shape = Nested
 			}
 			run.LateRenew = rs3.IntN(2) == 0
+			if run.LateRenew && run.Shape != Nested && rs3.IntN(2) == 0 {
+				// A job that obeys TERM is in its grace for milliseconds;
+				// one that ignores it, for the whole grace: the window in
+				// which the controller's grace faults land.
+				run.Shape = "termignore"
+			}
 			run.PG = o.PG && rs4.IntN(2) == 0
 			s.Runs = append(s.Runs, run)
 			s.Steps = append(s.Steps, drawFaults(rs2, run, o, ctlFaults)...)
