@@ -34,6 +34,21 @@ type pgSide struct {
 
 	mu sync.Mutex
 	pm proc.Identity // the postmaster started last; zero while it is down
+	// restarts counts the kill-postmaster restarts still to come: the
+	// ledger is judged only once the server is up again.
+	restarts sync.WaitGroup
+}
+
+// up waits, at most d, until no restart of the server is pending.
+func (g *pgSide) up(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { g.restarts.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
 }
 
 // startPG starts the server, makes the schedule's database and its ledger
@@ -133,11 +148,12 @@ func (p *player) killPostmaster(pause time.Duration) (bool, string) {
 	if err := p.pg.srv.Reap(10 * time.Second); err != nil {
 		return true, err.Error()
 	}
+	p.pg.restarts.Add(1)
 	go func() {
+		defer p.pg.restarts.Done()
 		select {
 		case <-time.After(pause):
-		case <-p.quit:
-			return
+		case <-p.quit: // the schedule is over: restart now, for its ledger to be judged
 		}
 		for _, b := range backends {
 			p.cont(b) // a backend the nemesis stopped cannot see its postmaster gone
@@ -150,7 +166,11 @@ func (p *player) killPostmaster(pause time.Duration) (bool, string) {
 			}
 			return true
 		}
-		p.within(10*time.Second, nil, gone)
+		// Not p.within: it gives up once the schedule is over, and a
+		// restart beside the old backends would fail.
+		for until := time.Now().Add(10 * time.Second); !gone() && time.Now().Before(until); {
+			time.Sleep(20 * time.Millisecond)
+		}
 		if err := p.pg.srv.Restart(); err != nil {
 			p.logf("PostgreSQL: restart after kill-postmaster: %v", err)
 			return

@@ -167,7 +167,8 @@ func (p *player) teardown() {
 		p.ssh.h.close() // the relay, then sshd and its per-connection processes, by recorded PID
 	}
 	if p.pg != nil {
-		p.pg.srv.Stop() // by the PID it started (continued above if stopped), and its directory
+		p.pg.up(30 * time.Second) // a restart after kill-postmaster, under way, is not left behind
+		p.pg.srv.Stop()           // by the PID it started (continued above if stopped), and its directory
 	}
 	for _, r := range p.runs {
 		if rec, err := p.record(r); err == nil && rec.Cgroup != "" {

@@ -273,6 +273,9 @@ func (p *player) checkLedger(idx int, r *runState, hostOutcome string) {
 		b, _ := os.ReadFile(filepath.Join(p.ssh.ledger+"-nested", r.id+"-n.json"))
 		p.logf("run %d: the nested controller's ledger record: %s", idx, firstLine(string(b)))
 	}
+	if r.spec.PG && p.pg != nil && !p.pg.up(30*time.Second) {
+		p.logf("run %d: PostgreSQL is still not restarted after a kill-postmaster", idx)
+	}
 	m, err := p.ledgerOf(r)
 	if err != nil {
 		p.violate(CheckLedger, idx, "the ledger cannot be read: %v", err)
