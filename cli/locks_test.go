@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -58,6 +59,22 @@ func underStrace(t *testing.T, root string, options []string, args ...string) *s
 	// Cleanup KILLs strace and the command it traces, by group.
 	s.group = runtest.StartInGroup(t, s.cmd)
 	return s
+}
+
+// tracedCalls returns the lines of strace -f output b (one PID a line)
+// that start a system call matching call and do not say it failed. A call
+// that another thread's event interrupts in the trace is printed
+// "<unfinished ...>", its result on a later line: it is counted by its
+// first line, so no call is missed.
+func tracedCalls(b []byte, call string) [][]byte {
+	failed := regexp.MustCompile(`= -1 [A-Z]+`)
+	var out [][]byte
+	for _, l := range regexp.MustCompile(`(?m)^\d+ +`+call+`.*$`).FindAll(b, -1) {
+		if !failed.Match(l) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // stopAt is strace's options that stop the process (SIGSTOP) at every
