@@ -199,7 +199,7 @@ func Generate(seed uint64, o Options) Schedule {
 		rs2 := rand.New(rand.NewPCG(seed^0x5348, seed+0x5348))
 		rs3 := rand.New(rand.NewPCG(seed^0x4354, seed+0x4354))
 		rs4 := rand.New(rand.NewPCG(seed^0x5047, seed+0x5047))
-		n := 1 + rs2.IntN(2)
+		n := 2 + rs2.IntN(2)
 		for k := 0; k < n; k++ {
 			run := RunSpec{Index: o.Runs + k, At: time.Duration(rs2.IntN(1501)) * time.Millisecond, Shape: Shapes[rs2.IntN(len(Shapes))],
 				Lease: time.Duration(2+rs2.IntN(3)) * time.Second, Grace: time.Duration(1+rs2.IntN(2)) * time.Second, SSH: true}
