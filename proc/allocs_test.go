@@ -86,12 +86,15 @@ func TestScanIntoAllocs(t *testing.T) {
 		t.Fatalf("ScanInto: %d processes, not this one (%d)", len(table), os.Getpid())
 	}
 	table = slices.Grow(table, 1000)
+	// The table changes between the runs on a busy host: the bound is
+	// the most processes one run read, with a tenth more for those that
+	// exit between the listing and the read of their stat.
 	var n int
 	allocs := testing.AllocsPerRun(20, func() {
 		table, _ = ScanInto(table, nil)
-		n = len(table)
+		n = max(n, len(table))
 	})
-	if allocs > float64(n)+3 {
-		t.Fatalf("ScanInto of %d processes allocates %.0f times, want at most one a process", n, allocs)
+	if allocs > float64(n)*1.1+3 {
+		t.Fatalf("ScanInto of at most %d processes allocates %.0f times a run, want at most one a process", n, allocs)
 	}
 }
