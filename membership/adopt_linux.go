@@ -159,17 +159,8 @@ func wrapperChildren(wrapper int) []int {
 	if c, ok := proc.Children(wrapper); ok {
 		return c
 	}
-	all, err := proc.Scan()
-	if err != nil {
-		return nil
-	}
-	var c []int
-	for _, st := range all {
-		if st.PPID == wrapper {
-			c = append(c, st.PID)
-		}
-	}
-	return c
+	kids, _ := proc.ScanInto(nil, func(st proc.Stat) bool { return st.PPID == wrapper })
+	return pidsOf(kids)
 }
 
 // logWriters returns the session leaders (the job can only be one) whose
@@ -180,15 +171,17 @@ func logWriters(d *rundir.Dir, wrapper int) []int {
 	if !logs.Known() {
 		return nil
 	}
-	all, err := proc.Scan()
-	if err != nil {
-		return nil
+	w, _ := proc.ScanInto(nil, func(st proc.Stat) bool {
+		return st.PID != wrapper && st.PID == st.SID && st.PID == st.PGID && logs.Holds(st.PID, 1)
+	})
+	return pidsOf(w)
+}
+
+// pidsOf returns the PIDs of ss.
+func pidsOf(ss []proc.Stat) []int {
+	pids := make([]int, 0, len(ss))
+	for _, s := range ss {
+		pids = append(pids, s.PID)
 	}
-	var w []int
-	for _, st := range all {
-		if st.PID != wrapper && st.PID == st.SID && st.PID == st.PGID && logs.Holds(st.PID, 1) {
-			w = append(w, st.PID)
-		}
-	}
-	return w
+	return pids
 }

@@ -22,16 +22,7 @@ import (
 // fails with ENOSPC, and no temp file is left either way.
 func TestWriteAtomicOnAFullDiskOverwritesInPlace(t *testing.T) {
 	mnt := runtest.Tmpfs(t, 256<<10)
-	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	d, err := root.Create("full")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := runtest.RunDirAt(t, filepath.Join(mnt, "runs"), "full")
 	if err := d.WriteAtomic("status.json", []byte(`{"state":"running"}`+"\n"), rundir.Synced); err != nil {
 		t.Fatal(err)
 	}
@@ -65,16 +56,7 @@ func TestWriteAtomicOnAFullDiskOverwritesInPlace(t *testing.T) {
 // written while the tmpfs was full, was left unreadable).
 func TestWriteAtomicOnAFullDiskNeverCutsARecordThatGrew(t *testing.T) {
 	mnt := runtest.Tmpfs(t, 256<<10)
-	root, err := rundir.OpenRoot(filepath.Join(mnt, "runs"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	d, err := root.Create("grown")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := runtest.RunDirAt(t, filepath.Join(mnt, "runs"), "grown")
 	old := []byte(`{"state":"running"}` + "\n")
 	if err := d.WriteAtomic("status.json", old, rundir.Synced); err != nil {
 		t.Fatal(err)

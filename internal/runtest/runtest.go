@@ -421,7 +421,14 @@ func NewRoot(t testing.TB) string {
 // ends.
 func RunDir(t testing.TB, id string) *rundir.Dir {
 	t.Helper()
-	root, err := rundir.OpenRoot(NewRoot(t), true)
+	return RunDirAt(t, NewRoot(t), id)
+}
+
+// RunDirAt is RunDir under the root at path (made if missing), on a tmpfs
+// of the test's, say.
+func RunDirAt(t testing.TB, path, id string) *rundir.Dir {
+	t.Helper()
+	root, err := rundir.OpenRoot(path, true)
 	if err != nil {
 		t.Fatal(err)
 	}
