@@ -101,15 +101,16 @@ crossvet:
 # Every test: unit, process-tree, CLI scripts and the end-to-end SSH tests,
 # then make race (about half a minute more). .ci/deps installs what they
 # need (as root, with apt-get) or stops, naming it; under CI=true a skipped
-# test fails the run.
+# test fails the run. .ci/leftovers fails the run if a process the tests
+# started outlives them, naming it and its package.
 # TEST_P: test binaries run at once. Most tests wait on leases, graces and
 # processes rather than the CPU (a run of the suite uses about 1.2 of 2
 # cores with go test's default of one per core), so 4 at once end sooner.
 TEST_P ?= 4
 test: deps build crossvet
 	$(GO) vet ./...
-	@if [ "$$CI" = true ]; then set -x; .ci/noskip $(GO) test -p $(TEST_P) -count=1 -timeout 15m ./...; \
-	else set -x; $(GO) test -p $(TEST_P) -count=1 -timeout 15m ./...; fi
+	@if [ "$$CI" = true ]; then set -x; .ci/leftovers .ci/noskip $(GO) test -p $(TEST_P) -count=1 -timeout 15m ./...; \
+	else set -x; .ci/leftovers $(GO) test -p $(TEST_P) -count=1 -timeout 15m ./...; fi
 	@$(MAKE) --no-print-directory race
 
 # The race detector over the packages that run goroutines of their own or
@@ -120,8 +121,8 @@ test: deps build crossvet
 # only without it (//go:build !race): the detector allocates on its own.
 RACE_PKGS := ./agentrelay ./controller ./handoff ./httpgw ./internal/relay ./ledger ./proc ./rundir ./watchdog ./wrapper
 race: deps
-	@if [ "$$CI" = true ]; then set -x; CGO_ENABLED=1 .ci/noskip $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS); \
-	else set -x; CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS); fi
+	@if [ "$$CI" = true ]; then set -x; CGO_ENABLED=1 .ci/leftovers .ci/noskip $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS); \
+	else set -x; CGO_ENABLED=1 .ci/leftovers $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS); fi
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi

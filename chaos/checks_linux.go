@@ -86,8 +86,12 @@ func (p *player) boundOf(r *runState) (time.Time, string) {
 	dl := r.deadline
 	src := "deadline_epoch"
 	if dl.IsZero() {
-		dl = r.launch.Add(r.spec.Lease).Add(time.Second)
-		src = "launch + lease (no deadline_epoch read)"
+		from, what := r.launch, "launch"
+		if r.spec.SSH && !r.recorded.IsZero() {
+			from, what = r.recorded, "host record first seen"
+		}
+		dl = from.Add(r.spec.Lease).Add(time.Second)
+		src = what + " + lease (no deadline_epoch read)"
 	}
 	var down time.Duration
 	if w := p.wds[r.u]; w != nil {
@@ -114,6 +118,11 @@ func (p *player) checkOnce() {
 		b, err := os.ReadFile(filepath.Join(dir, "status.json"))
 		var rec *statusfile.Record
 		if err == nil {
+			p.mu.Lock()
+			if r.recorded.IsZero() {
+				r.recorded = now
+			}
+			p.mu.Unlock()
 			rec, err = statusfile.Parse(b)
 			p.mu.Lock()
 			torn := r.torn["status.json"]

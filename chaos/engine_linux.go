@@ -129,6 +129,10 @@ type runState struct {
 	launch   time.Time
 	ended    time.Time // when `run` exited
 	claimed  bool      // a record was seen
+	// recorded is when the harness first found the run's status.json,
+	// whole or torn: a controller run's host side starts only after its
+	// claim, which a stopped controller can put off past the lease.
+	recorded time.Time
 
 	deadline  time.Time // the lease's end as the harness knows it (zero: none seen yet)
 	expiredAt time.Time // when the harness first saw the deadline passed

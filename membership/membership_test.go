@@ -207,6 +207,9 @@ func TestSupervisorDescendants(t *testing.T) {
 func TestOutsideOffspring(t *testing.T) {
 	leader := start(t, true, "sh", "-c", "setsid sleep 600 & wait")
 	esc := childOf(t, leader.PID)
+	// It leaves the group start's cleanup kills: its own is killed here,
+	// by its start time.
+	t.Cleanup(func() { runtest.KillGroup(esc.PID, esc.Start) })
 	runtest.Eventually(t, "the child to leave the session", func() bool {
 		s, err := proc.ReadStat(esc.PID)
 		esc = s
